@@ -1,0 +1,119 @@
+"""A small, real RAG pipeline over the Northwind Rail knowledge base: BM25 retrieval and an
+extractive answerer, packaged as an MLflow pyfunc model.
+
+It stands in for the user's own pipeline: the evaluator sees only what ``predict`` returns, one
+dict per question with ``answer`` and the ranked ``contexts`` (each ``{"id", "text"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+ABSTAIN = "I don't know: the documents do not cover this."
+
+_STOP = set(
+    "a an the and or of to in on at by for with from is are was were be been it its this that "
+    "what which who when where how do does did can could i my me you your we our they there".split()
+)
+
+
+def tokenize(text: str) -> list[str]:
+    words = re.findall(r"[a-z0-9€]+", text.lower())
+    return [w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if w not in _STOP]
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9€])", text) if s.strip()]
+
+
+class BM25:
+    """Okapi BM25 over a fixed list of passages (k1=1.5, b=0.75)."""
+
+    def __init__(self, passages: list[dict], k1: float = 1.5, b: float = 0.75):
+        self.passages = passages
+        self.docs = [Counter(tokenize(p["title"] + " " + p["text"])) for p in passages]
+        self.lengths = [sum(d.values()) for d in self.docs]
+        self.avg_len = sum(self.lengths) / len(self.lengths)
+        df = Counter(term for d in self.docs for term in d)
+        n = len(self.docs)
+        self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
+        self.k1, self.b = k1, b
+
+    def score(self, query: str) -> list[float]:
+        terms = tokenize(query)
+        scores = []
+        for doc, length in zip(self.docs, self.lengths):
+            s = 0.0
+            for t in terms:
+                tf = doc.get(t, 0)
+                if tf:
+                    norm = tf + self.k1 * (1 - self.b + self.b * length / self.avg_len)
+                    s += self.idf[t] * tf * (self.k1 + 1) / norm
+            scores.append(s)
+        return scores
+
+    def search(self, query: str, k: int) -> list[tuple[dict, float]]:
+        scores = self.score(query)
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+        return [(self.passages[i], scores[i]) for i in order if scores[i] > 0]
+
+
+def extract_answer(question: str, contexts: list[dict], min_overlap: float) -> str:
+    """The context sentence sharing the most question words; abstain below ``min_overlap``."""
+    q = set(tokenize(question))
+    best, best_score = None, 0.0
+    for rank, ctx in enumerate(contexts):
+        for sentence in split_sentences(ctx["text"]):
+            words = set(tokenize(sentence))
+            overlap = len(q & words) / max(len(q), 1)
+            score = overlap - 0.01 * rank  # prefer higher-ranked passages on ties
+            if score > best_score:
+                best, best_score = sentence, score
+    return best if best is not None and best_score >= min_overlap else ABSTAIN
+
+
+def load_corpus(path: Path | str = DATA_DIR / "corpus.jsonl") -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_golden(path: Path | str = DATA_DIR / "golden.jsonl") -> pd.DataFrame:
+    return pd.read_json(path, lines=True)
+
+
+class NorthwindRag(mlflow.pyfunc.PythonModel):
+    """BM25 top-k retrieval + extractive answer. ``model_config``: ``k``, ``min_overlap``."""
+
+    def load_context(self, context):
+        config = context.model_config or {}
+        self.k = int(config.get("k", 3))
+        self.min_overlap = float(config.get("min_overlap", 0.34))
+        self.index = BM25(load_corpus(context.artifacts["corpus"]))
+
+    def predict(self, context, model_input: pd.DataFrame, params=None):
+        out = []
+        for question in model_input["question"]:
+            hits = self.index.search(question, self.k)
+            contexts = [{"id": p["id"], "text": p["text"]} for p, _ in hits]
+            out.append({"answer": extract_answer(question, contexts, self.min_overlap), "contexts": contexts})
+        return out
+
+
+def log_pipeline(k: int, min_overlap: float = 0.34, name: str = "rag_pipeline"):
+    """Log the pipeline as a pyfunc model in the active run; returns its ModelInfo."""
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=NorthwindRag(),
+        artifacts={"corpus": str(DATA_DIR / "corpus.jsonl")},
+        model_config={"k": k, "min_overlap": min_overlap},
+        code_paths=[__file__],
+        input_example=pd.DataFrame({"question": ["How much does a bike ticket cost?"]}),
+    )

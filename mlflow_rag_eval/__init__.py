@@ -1,0 +1,1 @@
+"""mlflow_rag_eval."""

@@ -1,0 +1,1 @@
+"""Thin adapters between the engine and MLflow: no metric logic here."""

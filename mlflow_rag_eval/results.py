@@ -1,0 +1,127 @@
+"""Per-row results and their summaries.
+
+A row is scored (a finite value), failed (a named error: the judge could not decide) or not
+applicable (the record lacks what the metric needs, e.g. no reference). Failures are counted
+in ``n_error`` and never become a NaN in an aggregate; not-applicable rows are counted in
+``n_skipped``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RowResult", "MetricSummary", "MetricResult", "summarize", "metric_key"]
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """One metric's outcome on one row."""
+
+    value: float | None = None
+    error: str | None = None
+    justification: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def scored(cls, value: float, justification: str = "", **details: Any) -> RowResult:
+        value = float(value)
+        if not math.isfinite(value):
+            # A non-finite score is a bug upstream; refuse it here rather than average it.
+            return cls(error=f"NonFiniteScore: metric produced {value!r}", details=details)
+        return cls(value=value, justification=justification, details=details)
+
+    @classmethod
+    def failed(cls, error: str, **details: Any) -> RowResult:
+        return cls(error=error, justification=error, details=details)
+
+    @classmethod
+    def not_applicable(cls, reason: str) -> RowResult:
+        return cls(justification=f"not applicable: {reason}")
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "error"
+        return "scored" if self.value is not None else "skipped"
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """Aggregates over the scored rows of one metric."""
+
+    mean: float | None
+    median: float | None
+    p10: float | None
+    n_scored: int
+    n_error: int
+    n_skipped: int
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    def as_metrics(self, key: str) -> dict[str, float]:
+        """MLflow metric entries; statistics of an all-failed metric are left out, not NaN."""
+        out: dict[str, float] = {
+            f"{key}/n_scored": float(self.n_scored),
+            f"{key}/n_error": float(self.n_error),
+        }
+        for stat in ("mean", "median", "p10", "ci_low", "ci_high"):
+            value = getattr(self, stat)
+            if value is not None:
+                out[f"{key}/{stat}"] = float(value)
+        return out
+
+
+def _bootstrap_ci(values: np.ndarray, *, n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
+    means = values[idx].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def summarize(rows: Sequence[RowResult]) -> MetricSummary:
+    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean."""
+    values = np.array([r.value for r in rows if r.status == "scored"], dtype=float)
+    n_error = sum(r.status == "error" for r in rows)
+    n_skipped = sum(r.status == "skipped" for r in rows)
+    if len(values) == 0:
+        return MetricSummary(None, None, None, 0, n_error, n_skipped)
+    low, high = _bootstrap_ci(values) if len(values) > 1 else (float(values[0]),) * 2
+    return MetricSummary(
+        mean=float(values.mean()),
+        median=float(np.median(values)),
+        p10=float(np.quantile(values, 0.1)),
+        n_scored=len(values),
+        n_error=n_error,
+        n_skipped=n_skipped,
+        ci_low=low,
+        ci_high=high,
+    )
+
+
+def metric_key(name: str) -> str:
+    """MLflow-safe key for a metric name: ``ndcg@10`` -> ``ndcg_at_10``."""
+    return name.replace("@", "_at_")
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    """All rows of one metric, with the metric's saved spec."""
+
+    name: str
+    spec: Mapping[str, Any]
+    rows: tuple[RowResult, ...]
+    greater_is_better: bool = True
+
+    @property
+    def key(self) -> str:
+        return metric_key(self.name)
+
+    @cached_property
+    def summary(self) -> MetricSummary:
+        return summarize(self.rows)

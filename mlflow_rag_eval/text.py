@@ -1,0 +1,53 @@
+"""Small text utilities shared by the local judge and the metrics: sentences, content words,
+numbers. Deliberately simple and deterministic; no model, no download."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["split_sentences", "content_tokens", "numbers"]
+
+# Split after . ! ? (optionally followed by a closing quote/bracket) when whitespace and an
+# upper-case letter, digit or quote follow, and on line breaks. Common abbreviations are
+# protected so "e.g. the" or "Mr. Smith" stay in one sentence.
+_ABBREV = re.compile(r"\b(?:e\.g|i\.e|etc|vs|Mr|Mrs|Ms|Dr|Prof|St|No|approx|incl)\.", re.I)
+_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n+")
+_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:\s?%)?")
+
+STOPWORDS = frozenset(
+    """a an the and or but if then than so of to in on at by for with from into onto about over
+    under as is are was were be been being am do does did doing have has had having it its it's
+    this that these those there here their they them he she him her his hers we us our you your
+    i me my mine who whom whose which what when where why how not no nor can could should would
+    may might must will shall also just only very too more most some any each all both few
+    other such own same s t don now up down out off again further once per via""".split()
+)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text``, stripped, empty ones dropped."""
+    protected = _ABBREV.sub(lambda m: m.group(0).replace(".", "\x00"), text)
+    parts = (p.replace("\x00", ".").strip() for p in _SPLIT.split(protected))
+    return [p for p in parts if p and re.search(r"\w", p)]
+
+
+def content_tokens(text: str) -> list[str]:
+    """Lower-cased words without stopwords, crudely stemmed (plural s, -ed, -ing)."""
+    out = []
+    for w in _WORD.findall(text.lower()):
+        if w in STOPWORDS:
+            continue
+        if len(w) > 4 and w.endswith("ing"):
+            w = w[:-3]
+        elif len(w) > 3 and w.endswith("ed"):
+            w = w[:-2]
+        elif len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
+            w = w[:-1]
+        out.append(w)
+    return out
+
+
+def numbers(text: str) -> set[str]:
+    """Numbers written in ``text``, normalised (thousands separators and spaces removed)."""
+    return {re.sub(r"[,\s]", "", m) for m in _NUMBER.findall(text)}
