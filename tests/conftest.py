@@ -1,0 +1,49 @@
+"""Shared fixtures. Telemetry and model hubs are off for every test (also set by the Makefile,
+repeated here so a bare `pytest` behaves the same)."""
+
+from __future__ import annotations
+
+import os
+
+for _key, _value in {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "RAGAS_DO_NOT_TRACK": "true",
+    "DEEPEVAL_TELEMETRY_OPT_OUT": "1",
+    "DEEPEVAL_FILE_SYSTEM": "READ_ONLY",
+    "DEEPEVAL_DISABLE_DOTENV": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import mlflow  # noqa: E402
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch):
+    """A fresh sqlite tracking store (and artifact root) under the test's temp dir."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)  # the default artifact root ./mlruns lands in tmp_path too
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("tests")
+    yield uri
+    if mlflow.active_run():
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(scope="session")
+def local_judge():
+    """One embedded MiniLM judge for the session: loading the model costs seconds."""
+    from mlflow_rag_eval.judges.local import LocalJudge
+
+    return LocalJudge()
