@@ -29,12 +29,12 @@ SHOWN = (
 )
 
 
-def evaluate_variant(k: int, data, judge: str) -> tuple[str, dict[str, float]]:
+def evaluate_variant(k: int, data, judge: str, nested: bool) -> tuple[str, dict[str, float]]:
     """Log the pipeline with top-k retrieval in a new run and evaluate it there."""
-    with mlflow.start_run(run_name=f"bm25-top{k}") as run:
+    with mlflow.start_run(run_name=f"bm25-top{k}", nested=nested) as run:
         mlflow.log_param("retriever_k", k)
         model_info = log_pipeline(k=k)
-        result = mlflow.evaluate(
+        result = mlflow.models.evaluate(
             model=model_info.model_uri,
             data=data,
             model_type="rag",
@@ -53,11 +53,16 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[str, dict[str, float]
     args = parser.parse_args(argv)
 
     mlflow.set_tracking_uri(args.tracking_uri)
-    mlflow.set_experiment(args.experiment)
     golden = load_golden()
     data = golden[["question", "reference", "relevant_ids", "answerable"]]
 
-    runs = {k: evaluate_variant(k, data, args.judge) for k in args.k}
+    if os.environ.get("MLFLOW_RUN_ID"):
+        # Launched by `mlflow run .`: the variants become child runs of the project's run.
+        with mlflow.start_run():
+            runs = {k: evaluate_variant(k, data, args.judge, nested=True) for k in args.k}
+    else:
+        mlflow.set_experiment(args.experiment)
+        runs = {k: evaluate_variant(k, data, args.judge, nested=False) for k in args.k}
 
     header = f"{'metric':<24}" + "".join(f"{'top-' + str(k):>12}" for k in runs) + f"{'delta':>10}"
     print("\n" + header)

