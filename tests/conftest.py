@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 def tracking_uri(tmp_path, monkeypatch):
     """A fresh sqlite tracking store (and artifact root) under the test's temp dir."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # set_experiment exports MLFLOW_EXPERIMENT_ID; monkeypatch restores it after the test.
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID")
     monkeypatch.chdir(tmp_path)  # the default artifact root ./mlruns lands in tmp_path too
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("tests")

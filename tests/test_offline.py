@@ -56,7 +56,8 @@ def test_evaluation_is_offline_and_writes_only_the_store(tmp_path):
         d.mkdir()
     env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith(("MLFLOW_TRACKING", "HF_HOME", "XDG_", "TRANSFORMERS_CACHE"))
+        # Other tests' MLflow state (tracking URI, experiment id) must not leak in.
+        if not k.startswith(("MLFLOW_", "HF_HOME", "XDG_", "TRANSFORMERS_CACHE"))
     }
     env.update(HOME=str(home), TMPDIR=str(tmp), HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true")
     proc = subprocess.run(
