@@ -25,6 +25,8 @@ __all__ = [
     "RelevanceItem",
     "Verdict",
     "VerifyItem",
+    "ClaimsItem",
+    "GeneratedQuestions",
 ]
 
 T = TypeVar("T")
@@ -87,6 +89,22 @@ class RelevanceItem:
 
 
 @dataclass(frozen=True)
+class ClaimsItem:
+    """A text whose claims are to be extracted and checked against one row's passages."""
+
+    text: str
+    passages: Sequence[str]
+
+
+@dataclass(frozen=True)
+class GeneratedQuestions:
+    """Questions an answer would answer, and whether the answer is noncommittal."""
+
+    questions: list[str]
+    noncommittal: bool = False
+
+
+@dataclass(frozen=True)
 class JudgeInfo:
     """What identifies a judge in lineage, caches and the gate.
 
@@ -135,7 +153,22 @@ class Judge(ABC):
     def similarity(self, pairs: Sequence[tuple[str, str]]) -> list[Outcome[float]]:
         raise JudgeCapabilityError(f"{self.info().name} cannot measure similarity")
 
-    def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[list[str]]]:
+    def extract_and_verify(self, items: Sequence[ClaimsItem]) -> list[Outcome[list[tuple[str, Verdict]]]]:
+        """The claims of each text with a verdict each. By default two primitives (extract,
+        then verify the rows that have claims); an LLM judge fuses them into one call."""
+        extracted = self.extract_claims([item.text for item in items])
+        out: list = list(extracted)
+        todo = [i for i, claims in enumerate(extracted) if not isinstance(claims, JudgeFailure) and claims]
+        verdicts = self.verify([VerifyItem(items[i].passages, extracted[i]) for i in todo])
+        for i, outcome in zip(todo, verdicts):
+            out[i] = outcome if isinstance(outcome, JudgeFailure) else list(zip(extracted[i], outcome))
+        return out
+
+    def usage(self) -> dict[str, Any]:
+        """What this judge has spent so far (calls, cache hits, tokens...), for lineage."""
+        return {}
+
+    def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[GeneratedQuestions]]:
         raise JudgeCapabilityError(f"{self.info().name} cannot generate questions")
 
     def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:

@@ -73,7 +73,8 @@ class LocalJudge(Judge):
     """MiniLM-based judge, the default when no judge is named. Name: ``local:minilm-l6``."""
 
     capabilities = frozenset(
-        {"extract_claims", "verify", "rate_relevance", "similarity", "is_abstention"}
+        {"extract_claims", "verify", "extract_and_verify", "rate_relevance", "similarity",
+         "is_abstention"}
     )
 
     def __init__(self, settings: LocalJudgeSettings | None = None, **overrides):
@@ -102,6 +103,9 @@ class LocalJudge(Judge):
                 model_files_sha256=files_sha,
             )
         return self._info
+
+    def usage(self) -> dict:
+        return {"embedding_batches": self.calls}
 
     # -- primitives -----------------------------------------------------------------------
     def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:

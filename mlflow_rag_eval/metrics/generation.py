@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlflow_rag_eval.judges.base import Judge, JudgeFailure, RelevanceItem, VerifyItem
+from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeFailure, RelevanceItem
 from mlflow_rag_eval.metrics.base import Metric, register_metric
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
@@ -42,36 +42,31 @@ def _each_applicable(
 
 
 def _claim_support(
-    judge: Judge, rows: list[int], claim_texts: list[str], passages: list[Sequence[str]],
+    judge: Judge, rows: list[int], texts: list[str], passages: list[Sequence[str]],
     *, no_claims: Callable[[], RowResult], what: str,
 ) -> dict[int, RowResult]:
-    """Extract claims from each text and verify them against the row's passages."""
+    """The claims of each text, verified against the row's passages (one fused call for an
+    LLM judge); score = supported / claims."""
     out: dict[int, RowResult] = {}
-    extracted = judge.extract_claims(claim_texts)
-    to_verify = []
-    for row, claims, premise in zip(rows, extracted, passages):
-        if isinstance(claims, JudgeFailure):
-            out[row] = _failed(claims)
-        elif not claims:
-            out[row] = no_claims()
-        else:
-            to_verify.append((row, claims, premise))
-    verdicts = judge.verify([VerifyItem(p, c) for _, c, p in to_verify])
-    for (row, claims, _), outcome in zip(to_verify, verdicts):
+    outcomes = judge.extract_and_verify([ClaimsItem(t, p) for t, p in zip(texts, passages)])
+    for row, outcome in zip(rows, outcomes):
         if isinstance(outcome, JudgeFailure):
             out[row] = _failed(outcome)
             continue
-        supported = sum(v.value for v in outcome)
-        unsupported = [c for c, v in zip(claims, outcome) if not v.value]
-        why = f"{supported} of {len(claims)} {what} supported by the contexts"
+        if not outcome:
+            out[row] = no_claims()
+            continue
+        supported = sum(v.value for _, v in outcome)
+        unsupported = [c for c, v in outcome if not v.value]
+        why = f"{supported} of {len(outcome)} {what} supported by the contexts"
         if unsupported:
             why += f"; unsupported: {unsupported[0]!r}" + (
                 f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""
             )
         out[row] = RowResult.scored(
-            supported / len(claims),
+            supported / len(outcome),
             why,
-            claims=[{"claim": c, **v.as_dict()} for c, v in zip(claims, outcome)],
+            claims=[{"claim": c, **v.as_dict()} for c, v in outcome],
         )
     return out
 
@@ -87,7 +82,7 @@ class Faithfulness(Metric):
 
     name = "faithfulness"
     requires = ("answer", "contexts")
-    primitives = ("extract_claims", "verify")
+    primitives = ("extract_and_verify",)
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
@@ -113,7 +108,7 @@ class ContextRecall(Metric):
 
     name = "context_recall"
     requires = ("reference", "contexts")
-    primitives = ("extract_claims", "verify")
+    primitives = ("extract_and_verify",)
 
     def not_applicable(self, record):
         if not record.reference:
@@ -186,49 +181,53 @@ class AnswerRelevancy(Metric):
 
     name = "answer_relevancy"
     requires = ("answer",)
-    primitives = ("similarity", "is_abstention")
+    primitives = ("similarity",)
     n_questions: int = 3
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
+        if not (judge.supports("generate_questions") or judge.supports("is_abstention")):
+            judge.require("generate_questions", metric=self.name)
+        if judge.supports("generate_questions"):
+            return _each_applicable(self, records, lambda rows: self._generated(records, judge, rows))
+        return _each_applicable(self, records, lambda rows: self._direct(records, judge, rows))
 
-        def score(rows):
-            out: dict[int, RowResult] = {}
-            abstains = judge.is_abstention([(records[i].question, records[i].answer) for i in rows])
-            committed = []
-            for i, verdict in zip(rows, abstains):
-                if isinstance(verdict, JudgeFailure):
-                    out[i] = _failed(verdict)
-                elif verdict.value:
-                    out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})")
-                else:
-                    committed.append(i)
-            if judge.supports("generate_questions"):
-                out.update(self._via_generated_questions(records, judge, committed))
+    def _direct(self, records, judge, rows) -> dict[int, RowResult]:
+        """Local judge: abstentions score 0, others the question-answer similarity."""
+        out: dict[int, RowResult] = {}
+        abstains = judge.is_abstention([(records[i].question, records[i].answer) for i in rows])
+        committed = []
+        for i, verdict in zip(rows, abstains):
+            if isinstance(verdict, JudgeFailure):
+                out[i] = _failed(verdict)
+            elif verdict.value:
+                out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})")
             else:
-                sims = judge.similarity([(records[i].question, records[i].answer) for i in committed])
-                for i, sim in zip(committed, sims):
-                    out[i] = (
-                        _failed(sim)
-                        if isinstance(sim, JudgeFailure)
-                        else RowResult.scored(sim, f"question-answer similarity {sim:.2f}")
-                    )
-            return out
+                committed.append(i)
+        sims = judge.similarity([(records[i].question, records[i].answer) for i in committed])
+        for i, sim in zip(committed, sims):
+            out[i] = (
+                _failed(sim)
+                if isinstance(sim, JudgeFailure)
+                else RowResult.scored(sim, f"question-answer similarity {sim:.2f}")
+            )
+        return out
 
-        return _each_applicable(self, records, score)
-
-    def _via_generated_questions(self, records, judge, rows) -> dict[int, RowResult]:
+    def _generated(self, records, judge, rows) -> dict[int, RowResult]:
+        """LLM judge: one call generates questions and flags noncommittal answers."""
         out: dict[int, RowResult] = {}
         generated = judge.generate_questions([records[i].answer for i in rows], self.n_questions)
         pairs, owners = [], []
-        for i, questions in zip(rows, generated):
-            if isinstance(questions, JudgeFailure):
-                out[i] = _failed(questions)
-            elif not questions:
+        for i, gen in zip(rows, generated):
+            if isinstance(gen, JudgeFailure):
+                out[i] = _failed(gen)
+            elif gen.noncommittal:
+                out[i] = RowResult.scored(0.0, "noncommittal answer (judged evasive or unknowing)")
+            elif not gen.questions:
                 out[i] = RowResult.failed("EmptyGeneration: the judge generated no questions")
             else:
-                pairs.extend((records[i].question, q) for q in questions)
-                owners.extend([i] * len(questions))
+                pairs.extend((records[i].question, q) for q in gen.questions)
+                owners.extend([i] * len(gen.questions))
         sims = judge.similarity(pairs)
         by_row: dict[int, list] = {}
         for i, (_, q), sim in zip(owners, pairs, sims):
@@ -245,4 +244,3 @@ class AnswerRelevancy(Metric):
                 generated_questions=[{"question": q, "similarity": s} for q, s in items],
             )
         return out
-
