@@ -55,7 +55,7 @@ class EvaluationResult:
     judge: JudgeInfo
     dataset_digest: str
     timings: dict[str, float] = field(default_factory=dict)
-    judge_calls: int = 0
+    judge_usage: dict[str, Any] = field(default_factory=dict)
 
     def aggregates(self) -> dict[str, float]:
         """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ..."""
@@ -164,10 +164,15 @@ def evaluate_records(
                 out = [RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}")] * len(batch)
             rows[metric.display_name].extend(out)
             timings[metric.display_name] += time.perf_counter() - start
-        if progress:
-            done = min((b + 1) * BATCH_SIZE, len(records))
-            errors = sum(r.status == "error" for rs in rows.values() for r in rs)
-            print(f"\rrag eval: {done}/{len(records)} rows, {errors} errors", end="", file=sys.stderr)
+            if progress:
+                done = min((b + 1) * BATCH_SIZE, len(records))
+                errors = sum(r.status == "error" for rs in rows.values() for r in rs)
+                hits = judge_obj.usage().get("cache_hits", 0) if judge_obj is not None else 0
+                print(
+                    f"\rrag eval: {metric.display_name:<18} {done}/{len(records)} rows, "
+                    f"{errors} errors, {hits} cache hits",
+                    end="", file=sys.stderr,
+                )
     if progress:
         print(file=sys.stderr)
     results = [
@@ -185,7 +190,7 @@ def evaluate_records(
         judge=info,
         dataset_digest=dataset_digest(records),
         timings=timings,
-        judge_calls=getattr(judge_obj, "calls", 0),
+        judge_usage=judge_obj.usage() if judge_obj is not None else {},
     )
 
 

@@ -28,6 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _judge_cache_dir(tmp_path_factory):
+    """LLM-judge replies are cached in a session temp dir, never in the user's cache."""
+    os.environ["MLFLOW_RAG_EVAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("judge_cache"))
+
+
 @pytest.fixture
 def tracking_uri(tmp_path, monkeypatch):
     """A fresh sqlite tracking store (and artifact root) under the test's temp dir."""

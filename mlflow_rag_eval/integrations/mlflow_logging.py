@@ -65,7 +65,7 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
         },
         "metrics": [m.spec for m in result.metrics],
         "dataset": {"digest": result.dataset_digest, "n_rows": len(result.records)},
-        "calls": {"judge_calls": result.judge_calls},
+        "usage": result.judge_usage,
         "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
         "versions": {
             p: _version(p)

@@ -1,0 +1,80 @@
+"""Turn an LLM's reply text into a validated pydantic object, repairing what is safe to repair.
+
+Repairs, in order: a fenced code block is unwrapped; the first balanced JSON object is cut out of
+surrounding prose; trailing commas are dropped. Anything still invalid is a
+:class:`ReplyParseError` carrying the validation message, which the judge shows to the model in
+its one retry. Nothing here ever returns a default or a NaN in place of a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["ReplyParseError", "extract_json", "parse_reply"]
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+class ReplyParseError(ValueError):
+    """The reply is not valid JSON for the schema, even after repair."""
+
+
+def _first_object(text: str) -> str | None:
+    """The first balanced ``{...}`` in text, respecting strings and escapes."""
+    start = text.find("{")
+    while start != -1:
+        depth, in_string, escaped = 0, False, False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start : i + 1]
+        start = text.find("{", start + 1)
+    return None
+
+
+def extract_json(text: str) -> object:
+    """The JSON value in ``text`` after the safe repairs; raises ReplyParseError."""
+    candidates = [text.strip()]
+    fenced = _FENCE.search(text)
+    if fenced:
+        candidates.append(fenced.group(1).strip())
+    obj = _first_object(text)
+    if obj is not None:
+        candidates.append(obj)
+    for candidate in candidates:
+        for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
+            try:
+                return json.loads(attempt)
+            except (json.JSONDecodeError, ValueError):
+                continue
+    snippet = text.strip().replace("\n", " ")[:120]
+    raise ReplyParseError(f"no valid JSON object in the reply: {snippet!r}")
+
+
+def parse_reply(text: str, schema: type[BaseModel]) -> BaseModel:
+    """Validate ``text`` against ``schema``; raises ReplyParseError with the reason."""
+    value = extract_json(text)
+    try:
+        return schema.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise ReplyParseError(f"reply does not match the schema: {problems}") from None
