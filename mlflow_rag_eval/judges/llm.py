@@ -138,6 +138,9 @@ class LLMJudge(Judge):
         }
     )
 
+    #: metrics run side by side: the judge waits on the network, not the CPU
+    parallel_metrics = True
+
     def __init__(
         self,
         backend: ChatBackend,

@@ -244,3 +244,57 @@ class AnswerRelevancy(Metric):
                 generated_questions=[{"question": q, "similarity": s} for q, s in items],
             )
         return out
+
+
+@register_metric
+@dataclass(frozen=True)
+class ContextPrecision(Metric):
+    """Rank-weighted precision of the useful passages (ragas' context precision).
+
+    Each passage gets a verdict "useful for answering" in one judge call per row, judged
+    against the reference answer when the row has one, else against the generated answer.
+    Score = sum over ranks k of precision@k x v_k, divided by the number of useful passages;
+    0 when no passage is useful or none was retrieved.
+    """
+
+    name = "context_precision"
+    requires = ("contexts",)
+    primitives = ("rate_relevance",)
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            out = {}
+            with_ctx = [i for i in rows if records[i].contexts]
+            for i in rows:
+                if not records[i].contexts:
+                    out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
+            rated = judge.rate_relevance(
+                [
+                    RelevanceItem(
+                        records[i].question,
+                        records[i].context_texts,
+                        reference=records[i].reference or records[i].answer or None,
+                    )
+                    for i in with_ctx
+                ]
+            )
+            for i, outcome in zip(with_ctx, rated):
+                if isinstance(outcome, JudgeFailure):
+                    out[i] = _failed(outcome)
+                    continue
+                useful = np.array([bool(v.value) for v in outcome], dtype=float)
+                hits = useful.sum()
+                ranks = np.arange(1, len(useful) + 1)
+                value = float((np.cumsum(useful) / ranks * useful).sum() / hits) if hits else 0.0
+                positions = [k + 1 for k, u in enumerate(useful) if u]
+                out[i] = RowResult.scored(
+                    value,
+                    f"useful passages at rank(s) {positions} of {len(useful)}" if positions
+                    else f"none of the {len(useful)} passages is useful",
+                    passages=[{"id": c.id, **v.as_dict()} for c, v in zip(records[i].contexts, outcome)],
+                )
+            return out
+
+        return _each_applicable(self, records, score)
