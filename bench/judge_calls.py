@@ -15,13 +15,9 @@ tokenizer); real BPE counts for English are close to that.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,76 +27,9 @@ from mlflow_rag_eval.engine import evaluate_records  # noqa: E402
 from mlflow_rag_eval.judges import get_judge  # noqa: E402
 from mlflow_rag_eval.judges.cache import JudgeCache  # noqa: E402
 from mlflow_rag_eval.records import records_from_frame  # noqa: E402
+from mlflow_rag_eval.testing import FakeJudgeServer  # noqa: E402
 
 METRICS = ["faithfulness", "answer_relevancy", "context_precision", "context_recall"]
-_INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
-
-
-def _reply_for(schema_name: str, prompt: str) -> dict:
-    counts = {"passage": 0, "claim": 0}
-    for kind, index in _INDEX.findall(prompt):
-        counts[kind] = max(counts[kind], int(index) + 1)
-    if schema_name == "claims_verdicts":
-        return {"claims": [
-            {"claim": f"Claim {i} of the text.", "supported": i % 3 != 2, "reason": "stated in passage 0",
-             "evidence": "A sentence of the passage.", "passage": 0}
-            for i in range(3)
-        ]}
-    if schema_name in ("verify", "rate_relevance"):
-        n = counts["claim"] if schema_name == "verify" else counts["passage"]
-        return {"verdicts": [{"index": i, "verdict": i % 2 == 0, "reason": "judged"} for i in range(n)]}
-    if schema_name == "generate_questions":
-        return {"questions": ["How much is a ticket?", "What does a ticket cost?", "Ticket price?"],
-                "noncommittal": False}
-    if schema_name == "extract_claims":
-        return {"claims": ["Claim one.", "Claim two."]}
-    if schema_name == "is_abstention":
-        return {"abstains": False, "reason": "answers"}
-    raise ValueError(schema_name)
-
-
-class JudgeServer:
-    """A loopback chat-completions server with a fixed latency per call."""
-
-    def __init__(self, latency: float):
-        self.latency = latency
-        self.calls = 0
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(server.latency)
-                with server.lock:
-                    server.calls += 1
-                prompt = "\n".join(m["content"] for m in body["messages"])
-                fmt = body.get("response_format") or {}
-                name = fmt.get("json_schema", {}).get("name", "")
-                text = json.dumps(_reply_for(name, prompt))
-                payload = {
-                    "id": "bench", "object": "chat.completion", "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4},
-                }
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
 
 
 def bench_rows(n: int):
@@ -128,7 +57,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
     records = bench_rows(args.rows)
-    server = JudgeServer(args.latency)
+    server = FakeJudgeServer(latency=args.latency)
     spec = f"openai:/bench-judge?base_url=http://127.0.0.1:{server.port}/v1"
     # Load the embedding model once so that neither run pays its start-up.
     get_judge("scripted").similarity([("warm", "up")])

@@ -329,3 +329,20 @@ def test_injected_instructions_do_not_move_scripted_verdicts(where):
     else:
         (injected,) = judge.extract_and_verify([ClaimsItem(answer, PASSAGES + [INJECTION])])
         assert [v.value for _, v in injected] == [v.value for _, v in clean]
+
+
+# -- raw completions for adapters ------------------------------------------------------------------
+
+def test_raw_completion_is_cached_retried_and_accounted(tmp_path):
+    import asyncio
+
+    messages = [{"role": "user", "content": "ragas prompt"}]
+    judge = judge_with({"external:ragas": ["not json", '{"verdict": 1}']}, tmp_path=tmp_path)
+    assert asyncio.run(judge.acomplete(messages, schema={"type": "object"}, source="ragas")) == '{"verdict": 1}'
+    assert judge.usage()["repair_retries"] == 1 and judge.usage()["templates"] == {"external:ragas": 1}
+    again = judge_with({"external:ragas": []}, tmp_path=tmp_path)  # would fail if called
+    assert again.complete(messages, schema={"type": "object"}, source="ragas") == '{"verdict": 1}'
+    assert again.usage()["cache_hits"] == 1 and again.usage()["provider_calls"] == 0
+    broken = judge_with({"external:deepeval": ["nope", "still nope"]})
+    with pytest.raises(JudgeFailure, match="ParseError"):
+        broken.complete(messages, schema={"type": "object"}, source="deepeval")

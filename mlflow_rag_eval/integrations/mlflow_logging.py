@@ -23,6 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.judges.prompts import PROMPTS
 
 __all__ = ["LINEAGE_FILE", "TABLE_FILE", "assert_run_is_fresh", "lineage", "log_evaluation"]
 
@@ -63,6 +64,11 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
             "prompts_version": judge.prompts_version,
             "params": judge.params,
         },
+        "prompts": [
+            {"id": t.id, "version": t.version, "sha256": t.sha256}
+            for t in PROMPTS.values()
+            if t.ref in result.judge_usage.get("templates", {})
+        ],
         "metrics": [m.spec for m in result.metrics],
         "dataset": {"digest": result.dataset_digest, "n_rows": len(result.records)},
         "usage": result.judge_usage,

@@ -48,7 +48,7 @@ from mlflow_rag_eval.judges.base import (
 from mlflow_rag_eval.judges.cache import JudgeCache
 from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_path
 from mlflow_rag_eval.judges.chat import ChatBackend, ChatReply, ChatRequest, PermanentError, TransientError
-from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
+from mlflow_rag_eval.judges.parsing import ReplyParseError, extract_json, parse_reply
 from mlflow_rag_eval.judges.prompts import PROMPTS, PROMPTS_VERSION, data_block, passages_block, render
 
 __all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]
@@ -340,16 +340,82 @@ class LLMJudge(Judge):
         """``fn`` over items on the judge's bounded pool, results in order."""
         if len(items) <= 1:
             return [fn(item) for item in items]
+        return list(self._executor().map(fn, items))
+
+    def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
                 workers = self.settings.concurrency or getattr(self.backend, "default_concurrency", 4)
                 self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="judge")
-        return list(self._pool.map(fn, items))
+            return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    # -- raw completions for adapters (ragas, deepeval) -------------------------------------------
+    def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        schema: dict[str, Any] | None = None,
+        source: str = "external",
+    ) -> str:
+        """A reply to another library's own prompt, through this judge's cache, retries,
+        deadline, accounting and (via :meth:`acomplete`) concurrency limit.
+
+        With a ``schema`` the reply must at least contain valid JSON (one corrective retry,
+        as for our own templates); the caller validates it further. Raises JudgeFailure.
+        """
+        ref = f"external:{source}"
+        self.usage_.add(templates=ref)
+        key = JudgeCache.make_key(
+            backend=self.backend.identity(), base_url=self.backend.base_url,
+            params=self.settings.generation_params(), template=ref, messages=messages,
+            schema=schema, structured=self._use_schema,
+        )
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.usage_.add(cache_hits=1)
+            return cached["text"]
+        deadline = time.monotonic() + self.settings.deadline
+        request = ChatRequest(messages=list(messages), schema=schema if self._use_schema else None,
+                              schema_name=source, params=self.settings.generation_params(),
+                              timeout=self.settings.timeout, template_id=ref)
+        try:
+            reply = self._reply(request, deadline)
+            if schema is not None:
+                try:
+                    extract_json(reply.text)
+                except ReplyParseError as first:
+                    self.usage_.add(repair_retries=1)
+                    reply = self._reply(replace(request, messages=list(messages) + [
+                        {"role": "assistant", "content": reply.text},
+                        {"role": "user", "content": f"Your reply was not valid: {first}. Reply "
+                                                    "again with only the JSON object."},
+                    ]), deadline)
+                    try:
+                        extract_json(reply.text)
+                    except ReplyParseError as second:
+                        raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
+        except PermanentError as exc:
+            self.usage_.add(errors=exc.kind)
+            raise JudgeFailure(exc.kind, str(exc).split(": ", 1)[-1]) from None
+        except JudgeFailure as exc:
+            self.usage_.add(errors=exc.kind)
+            raise
+        self.cache.put(key, {"text": reply.text, "model": reply.model})
+        return reply.text
+
+    async def acomplete(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        """:meth:`complete` on the judge's bounded pool, for async callers."""
+        import asyncio
+        import functools
+
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor(), functools.partial(self.complete, messages, **kwargs)
+        )
 
     # -- primitives ---------------------------------------------------------------------------
     def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:

@@ -1,0 +1,100 @@
+"""A loopback OpenAI-compatible judge server for tests and benchmarks, shipped in the package.
+
+:class:`FakeJudgeServer` answers ``/v1/chat/completions`` with valid JSON for each of the
+package's prompt templates (found by the ``response_format`` schema name), after a fixed
+latency. It exercises the real HTTP path (``openai:/...?base_url=...``) without a model: use
+it to test wiring, timing and accounting, never to claim quality. It binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["FakeJudgeServer"]
+
+_INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
+
+
+def _reply_for(schema_name: str, prompt: str) -> dict:
+    counts = {"passage": 0, "claim": 0}
+    for kind, index in _INDEX.findall(prompt):
+        counts[kind] = max(counts[kind], int(index) + 1)
+    if schema_name == "claims_verdicts":
+        return {"claims": [
+            {"claim": f"Claim {i} of the text.", "supported": i % 3 != 2, "reason": "stated in passage 0",
+             "evidence": "A sentence of the passage.", "passage": 0}
+            for i in range(3)
+        ]}
+    if schema_name in ("verify", "rate_relevance"):
+        n = counts["claim"] if schema_name == "verify" else counts["passage"]
+        return {"verdicts": [{"index": i, "verdict": i % 2 == 0, "reason": "judged"} for i in range(n)]}
+    if schema_name == "generate_questions":
+        return {"questions": ["How much is a ticket?", "What does a ticket cost?", "Ticket price?"],
+                "noncommittal": False}
+    if schema_name == "extract_claims":
+        return {"claims": ["Claim one.", "Claim two."]}
+    if schema_name == "is_abstention":
+        return {"abstains": False, "reason": "answers"}
+    raise ValueError(schema_name)
+
+
+class FakeJudgeServer:
+    """A loopback chat-completions server with a fixed latency per call."""
+
+    def __init__(self, latency: float = 0.0, model: str = "fake-judge"):
+        self.latency = latency
+        self.model = model
+        self.calls = 0
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(server.latency)
+                with server.lock:
+                    server.calls += 1
+                    server.requests.append({"headers": dict(self.headers), "body": body})
+                prompt = "\n".join(m["content"] for m in body["messages"])
+                fmt = body.get("response_format") or {}
+                name = fmt.get("json_schema", {}).get("name", "")
+                text = json.dumps(_reply_for(name, prompt))
+                payload = {
+                    "id": "bench", "object": "chat.completion", "model": server.model,
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4},
+                }
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FakeJudgeServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
