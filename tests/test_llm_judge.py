@@ -340,7 +340,8 @@ def test_raw_completion_is_cached_retried_and_accounted(tmp_path):
     judge = judge_with({"external:ragas": ["not json", '{"verdict": 1}']}, tmp_path=tmp_path)
     assert asyncio.run(judge.acomplete(messages, schema={"type": "object"}, source="ragas")) == '{"verdict": 1}'
     assert judge.usage()["repair_retries"] == 1 and judge.usage()["templates"] == {"external:ragas": 1}
-    again = judge_with({"external:ragas": []}, tmp_path=tmp_path)  # would fail if called
+    # The same backend, its script now used up: any provider call would fail.
+    again = LLMJudge(judge.backend, cache=JudgeCache(tmp_path / "cache.sqlite"))
     assert again.complete(messages, schema={"type": "object"}, source="ragas") == '{"verdict": 1}'
     assert again.usage()["cache_hits"] == 1 and again.usage()["provider_calls"] == 0
     broken = judge_with({"external:deepeval": ["nope", "still nope"]})
