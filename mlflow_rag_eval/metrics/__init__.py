@@ -8,8 +8,29 @@ from mlflow_rag_eval.metrics.base import (
     ENTRY_POINT_GROUP,
     Metric,
     register_metric,
+    register_namespace,
     registered_metrics,
     resolve_metric,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Metric", "register_metric", "registered_metrics", "resolve_metric"]
+
+def _ragas(name: str) -> Metric:
+    from mlflow_rag_eval.integrations.ragas_adapter import ragas_metric
+
+    return ragas_metric(name)
+
+
+def _deepeval(name: str) -> Metric:
+    from mlflow_rag_eval.integrations.deepeval_adapter import deepeval_metric
+
+    return deepeval_metric(name)
+
+
+# Imported only when such a name is used: ragas and deepeval are optional extras.
+register_namespace("ragas", _ragas)
+register_namespace("deepeval", _deepeval)
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "Metric", "register_metric", "register_namespace", "registered_metrics",
+    "resolve_metric",
+]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
@@ -20,12 +20,16 @@ from mlflow_rag_eval.judges.base import Judge
 from mlflow_rag_eval.records import ColumnMapping, RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
 
-__all__ = ["Metric", "register_metric", "resolve_metric", "registered_metrics", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "Metric", "register_metric", "register_namespace", "registered_metrics",
+    "resolve_metric",
+]
 
 ENTRY_POINT_GROUP = "mlflow_rag_eval.metrics"
 _REGISTRY: dict[str, type[Metric]] = {}
+_NAMESPACES: dict[str, Callable[[str], Metric]] = {}
 _ENTRY_POINTS_LOADED = False
-_NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_:.\-]*?)(?:@(?P<k>\d+))?$")
+_NAME = re.compile(r"^(?P<base>[a-z][a-z0-9_.\-]*?)(?:@(?P<k>\d+))?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +108,26 @@ def registered_metrics() -> dict[str, type[Metric]]:
     return dict(_REGISTRY)
 
 
+def register_namespace(prefix: str, factory: Callable[[str], Metric]) -> None:
+    """Resolve names ``<prefix>:<name>`` with ``factory(name)`` (e.g. ``ragas:faithfulness``).
+
+    Adapters to other libraries register here, so their metrics are named like ours and run
+    in the same suite, with the same judge.
+    """
+    _NAMESPACES[prefix] = factory
+
+
 def resolve_metric(spec: str | Metric) -> Metric:
-    """A Metric from a name such as ``faithfulness`` or ``ndcg@10`` (or a Metric, as is)."""
+    """A Metric from a name such as ``faithfulness``, ``ndcg@10`` or ``ragas:faithfulness``."""
     if isinstance(spec, Metric):
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"a metric is a name or a Metric, got {type(spec).__name__}")
+    prefix, sep, rest = spec.strip().partition(":")
+    if sep:
+        if prefix not in _NAMESPACES:
+            raise ValueError(f"unknown metric namespace {prefix!r} in {spec!r}; known: {sorted(_NAMESPACES)}")
+        return _NAMESPACES[prefix](rest)
     match = _NAME.match(spec.strip().lower())
     registry = registered_metrics()
     if not match or match.group("base") not in registry:
