@@ -222,4 +222,6 @@ def _fields_present(records: Sequence[RagRecord]) -> set[str]:
         present.add("relevant_ids")
     if any(r.reference_contexts is not None for r in records):
         present.add("reference_contexts")
+    if any(not r.answerable for r in records):
+        present.add("answerable")
     return present

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["split_sentences", "content_tokens", "numbers"]
+__all__ = ["split_sentences", "content_tokens", "numbers", "strip_citations"]
 
 # Split after . ! ? (optionally followed by a closing quote/bracket) when whitespace and an
 # upper-case letter, digit or quote follow, and on line breaks. Common abbreviations are
@@ -13,6 +13,7 @@ __all__ = ["split_sentences", "content_tokens", "numbers"]
 _ABBREV = re.compile(r"\b(?:e\.g|i\.e|etc|vs|Mr|Mrs|Ms|Dr|Prof|St|No|approx|incl)\.", re.I)
 _SPLIT = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n+")
 _WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
+_CITATION = re.compile(r"\s*\[\[?\s*[A-Za-z0-9_.:\-]+(?:\s*,\s*[A-Za-z0-9_.:\-]+)*\s*\]?\]")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:\s?%)?")
 
 STOPWORDS = frozenset(
@@ -51,3 +52,9 @@ def content_tokens(text: str) -> list[str]:
 def numbers(text: str) -> set[str]:
     """Numbers written in ``text``, normalised (thousands separators and spaces removed)."""
     return {re.sub(r"[,\s]", "", m) for m in _NUMBER.findall(text)}
+
+
+def strip_citations(text: str) -> str:
+    """``text`` without citation markers (``[1]``, ``[[2]]``, ``[doc-7]``): they are pointers,
+    not claims, and their digits must not count as numbers the context has to contain."""
+    return _CITATION.sub("", text)

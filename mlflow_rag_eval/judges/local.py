@@ -30,7 +30,7 @@ from mlflow_rag_eval.judges.base import (
     VerifyItem,
 )
 from mlflow_rag_eval.judges.embedding import Embedder
-from mlflow_rag_eval.text import content_tokens, numbers, split_sentences
+from mlflow_rag_eval.text import content_tokens, numbers, split_sentences, strip_citations
 
 __all__ = ["LocalJudge", "LocalJudgeSettings"]
 
@@ -114,7 +114,7 @@ class LocalJudge(Judge):
         for text in texts:
             claims = [
                 s
-                for s in split_sentences(text)
+                for s in split_sentences(strip_citations(text))
                 if not s.rstrip().endswith("?") and not _ABSTAIN.search(s) and content_tokens(s)
             ]
             out.append(claims)

@@ -132,7 +132,8 @@ _P = [
         description="extract the claims of a text and verify each against passages (fused)",
         user=(
             "Split the text into short, self-contained factual claims (resolve pronouns; skip "
-            "greetings, questions and statements that the answer is unknown). For each claim "
+            "greetings, questions, statements that the answer is unknown, and citation markers "
+            "such as [1]). For each claim "
             "decide whether the passages support it: supported only if they state it or "
             "directly imply it; anything absent or contradicted is unsupported.\n\n"
             "{text}\n\n{passages}\n\n"
@@ -147,7 +148,8 @@ _P = [
         description="split a text into self-contained factual claims",
         user=(
             "Split the text into short, self-contained factual claims (resolve pronouns; skip "
-            "greetings, questions and statements that the answer is unknown).\n\n{text}\n\n"
+            "greetings, questions, statements that the answer is unknown, and citation markers "
+            "such as [1]).\n\n{text}\n\n"
             'Schema: {{"claims": [str]}}'
         ),
     ),

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest
-from mlflow_rag_eval.text import content_tokens, numbers, split_sentences
+from mlflow_rag_eval.text import content_tokens, numbers, split_sentences, strip_citations
 
 __all__ = ["ScriptedBackend"]
 
@@ -52,7 +52,7 @@ def _support(claim: str, passages: list[str]) -> tuple[bool, int | None, str | N
 
 
 def _claims(text: str) -> list[str]:
-    return [s for s in split_sentences(text) if not s.endswith("?") and not _ABSTAIN.search(s)]
+    return [s for s in split_sentences(strip_citations(text)) if not s.endswith("?") and not _ABSTAIN.search(s)]
 
 
 def _default(template: str, v: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,13 @@
 Importing this package registers the built-in metrics.
 """
 
-from mlflow_rag_eval.metrics import generation, retrieval_metrics  # noqa: F401  (registration)
+from mlflow_rag_eval.metrics import (  # noqa: F401  (registration)
+    abstention,
+    citations,
+    correctness,
+    generation,
+    retrieval_metrics,
+)
 from mlflow_rag_eval.metrics.base import (
     ENTRY_POINT_GROUP,
     Metric,
@@ -12,6 +18,7 @@ from mlflow_rag_eval.metrics.base import (
     registered_metrics,
     resolve_metric,
 )
+from mlflow_rag_eval.metrics.rubric import Rubric, rubric
 
 
 def _ragas(name: str) -> Metric:
@@ -32,5 +39,5 @@ register_namespace("deepeval", _deepeval)
 
 __all__ = [
     "ENTRY_POINT_GROUP", "Metric", "register_metric", "register_namespace", "registered_metrics",
-    "resolve_metric",
+    "resolve_metric", "Rubric", "rubric",
 ]

@@ -1,0 +1,71 @@
+"""Abstention: does the pipeline say "I don't know" exactly when it should?
+
+Two rates, each over its own rows:
+- ``abstention``: on rows marked unanswerable, the share where the answer abstains (higher is
+  better);
+- ``false_abstention``: on answerable rows, the share where the answer abstains anyway (lower
+  is better).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mlflow_rag_eval.judges.base import JudgeFailure
+from mlflow_rag_eval.metrics.base import Metric, register_metric
+from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.results import RowResult
+
+__all__ = ["Abstention", "FalseAbstention"]
+
+
+@dataclass(frozen=True)
+class _AbstentionRate(Metric):
+    primitives = ("is_abstention",)
+    #: which rows the rate is over: the unanswerable (True) or the answerable (False) ones
+    over_unanswerable: ClassVar[bool]
+
+    def not_applicable(self, record):
+        if record.answerable == self.over_unanswerable:
+            return "row is marked answerable" if self.over_unanswerable else "row is marked unanswerable"
+        return None
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.name)
+
+        def score(rows):
+            out = {}
+            verdicts = judge.is_abstention([(records[i].question, records[i].answer) for i in rows])
+            for i, verdict in zip(rows, verdicts):
+                if isinstance(verdict, JudgeFailure):
+                    out[i] = _failed(verdict)
+                else:
+                    out[i] = RowResult.scored(
+                        1.0 if verdict.value else 0.0,
+                        f"{'abstains' if verdict.value else 'answers'}: {verdict.reason}",
+                    )
+            return out
+
+        return _each_applicable(self, records, score)
+
+
+@register_metric
+@dataclass(frozen=True)
+class Abstention(_AbstentionRate):
+    """On unanswerable rows: 1 when the answer abstains, else 0."""
+
+    name = "abstention"
+    requires = ("answer", "answerable")
+    over_unanswerable = True
+
+
+@register_metric
+@dataclass(frozen=True)
+class FalseAbstention(_AbstentionRate):
+    """On answerable rows: 1 when the answer abstains anyway, else 0. Lower is better."""
+
+    name = "false_abstention"
+    requires = ("answer",)
+    greater_is_better = False
+    over_unanswerable = False

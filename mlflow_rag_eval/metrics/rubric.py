@@ -1,0 +1,99 @@
+"""Custom rubrics, G-Eval style: criteria, evaluation steps, a score range and a pass threshold.
+
+Only judges that can grade (LLM judges) run them; the local judge is refused before any row is
+judged. A rubric is built with :func:`rubric` and passed as a Metric object::
+
+    politeness = rubric("politeness", criteria="The answer is polite and calm.",
+                        steps=["Read the answer.", "Note any rude phrasing.", "Score 1-5."])
+    mlflow.evaluate(..., evaluator_config={"metrics": ["faithfulness", politeness]})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mlflow_rag_eval.judges.base import JudgeFailure
+from mlflow_rag_eval.metrics.base import Metric
+from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.results import RowResult
+
+__all__ = ["Rubric", "rubric"]
+
+_FIELDS = {"question", "answer", "reference", "contexts"}
+
+
+@dataclass(frozen=True)
+class Rubric(Metric):
+    """A G-Eval style rubric; the row value is the score scaled to [0, 1]."""
+
+    name: ClassVar[str] = "rubric"
+    primitives = ("grade",)
+    rubric_name: str = "rubric"
+    criteria: str = ""
+    steps: tuple[str, ...] = ()
+    low: float = 1.0
+    high: float = 5.0
+    threshold: float = 0.5
+    fields: tuple[str, ...] = ("question", "answer")
+
+    def __post_init__(self):
+        if not self.criteria.strip() or not self.steps:
+            raise ValueError(f"rubric {self.rubric_name!r} needs criteria and at least one step")
+        if not self.low < self.high:
+            raise ValueError(f"rubric {self.rubric_name!r}: low must be below high")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError(f"rubric {self.rubric_name!r}: threshold is on the 0..1 scale")
+        unknown = set(self.fields) - _FIELDS
+        if unknown:
+            raise ValueError(f"rubric {self.rubric_name!r}: unknown fields {sorted(unknown)}")
+
+    @property
+    def display_name(self) -> str:
+        return self.rubric_name
+
+    @property
+    def requires(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(f for f in self.fields if f != "question")
+
+    def spec(self):
+        spec = super().spec()
+        spec["params"].update(criteria=self.criteria, steps=list(self.steps))
+        return spec
+
+    def compute(self, records, judge):
+        judge.require(*self.primitives, metric=self.display_name)
+
+        def row_fields(record) -> dict[str, str]:
+            values = {
+                "question": record.question,
+                "answer": record.answer,
+                "reference": record.reference or "",
+                "contexts": "\n\n".join(record.context_texts),
+            }
+            return {f: values[f] for f in self.fields}
+
+        def score(rows):
+            out = {}
+            grades = judge.grade(self, [row_fields(records[i]) for i in rows])
+            for i, verdict in zip(rows, grades):
+                if isinstance(verdict, JudgeFailure):
+                    out[i] = _failed(verdict)
+                    continue
+                raw = self.low + verdict.score * (self.high - self.low)
+                passed = verdict.score >= self.threshold
+                out[i] = RowResult.scored(
+                    verdict.score,
+                    f"{raw:g} of {self.low:g}..{self.high:g} ({'pass' if passed else 'fail'}): {verdict.reason}",
+                    raw_score=raw, passed=passed, steps=verdict.evidence,
+                )
+            return out
+
+        return _each_applicable(self, records, score)
+
+
+def rubric(name: str, criteria: str, steps, *, low: float = 1, high: float = 5,
+           threshold: float = 0.5, fields=("question", "answer")) -> Rubric:
+    """A custom rubric metric named ``name`` (its MLflow key is ``name``)."""
+    return Rubric(rubric_name=name, criteria=criteria, steps=tuple(steps), low=float(low),
+                  high=float(high), threshold=float(threshold), fields=tuple(fields))
