@@ -105,8 +105,9 @@ def summarize(rows: Sequence[RowResult]) -> MetricSummary:
 
 
 def metric_key(name: str) -> str:
-    """MLflow-safe key for a metric name: ``ndcg@10`` -> ``ndcg_at_10``."""
-    return name.replace("@", "_at_")
+    """MLflow-safe key for a metric name: ``ndcg@10`` -> ``ndcg_at_10``,
+    ``ragas:faithfulness`` -> ``ragas_faithfulness`` (``:`` is refused on some platforms)."""
+    return name.replace("@", "_at_").replace(":", "_")
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ class LLMJudge(Judge):
         {
             "extract_claims", "verify", "extract_and_verify", "rate_relevance", "similarity",
             "generate_questions", "is_abstention", "grade",
+            "complete",  # raw completions for adapters (ragas, deepeval)
         }
     )
 
@@ -361,12 +362,14 @@ class LLMJudge(Judge):
         *,
         schema: dict[str, Any] | None = None,
         source: str = "external",
+        validate: Callable[[str], None] | None = None,
     ) -> str:
         """A reply to another library's own prompt, through this judge's cache, retries,
         deadline, accounting and (via :meth:`acomplete`) concurrency limit.
 
-        With a ``schema`` the reply must at least contain valid JSON (one corrective retry,
-        as for our own templates); the caller validates it further. Raises JudgeFailure.
+        With a ``schema`` the reply must at least contain valid JSON; ``validate(text)`` may
+        check more (raising ReplyParseError). Either failure gets one corrective retry, as for
+        our own templates, and an invalid reply is never cached. Raises JudgeFailure.
         """
         ref = f"external:{source}"
         self.usage_.add(templates=ref)
@@ -384,10 +387,16 @@ class LLMJudge(Judge):
                               schema_name=source, params=self.settings.generation_params(),
                               timeout=self.settings.timeout, template_id=ref)
         try:
+            def check(text: str) -> None:
+                if schema is not None:
+                    extract_json(text)
+                if validate is not None:
+                    validate(text)
+
             reply = self._reply(request, deadline)
-            if schema is not None:
+            if schema is not None or validate is not None:
                 try:
-                    extract_json(reply.text)
+                    check(reply.text)
                 except ReplyParseError as first:
                     self.usage_.add(repair_retries=1)
                     reply = self._reply(replace(request, messages=list(messages) + [
@@ -396,7 +405,7 @@ class LLMJudge(Judge):
                                                     "again with only the JSON object."},
                     ]), deadline)
                     try:
-                        extract_json(reply.text)
+                        check(reply.text)
                     except ReplyParseError as second:
                         raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
         except PermanentError as exc:
@@ -503,7 +512,8 @@ class LLMJudge(Judge):
 
         vectors = self.embedder.encode([a for a, _ in pairs] + [b for _, b in pairs])
         n = len(pairs)
-        return [float(max(c, 0.0)) for c in np.einsum("ij,ij->i", vectors[:n], vectors[n:])]
+        # Rounded like the local judge's: batch composition must not move a score.
+        return [round(float(max(c, 0.0)), 6) for c in np.einsum("ij,ij->i", vectors[:n], vectors[n:])]
 
     def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[GeneratedQuestions]]:
         def one(answer: str):
