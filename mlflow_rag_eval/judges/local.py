@@ -36,7 +36,7 @@ __all__ = ["LocalJudge", "LocalJudgeSettings"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v1"
+RULES_VERSION = "local-rules-v2"
 
 _ABSTAIN = re.compile(
     r"\b(i (?:do not|don't|cannot|can't|am unable to|am not able to) (?:know|answer|find|say|tell|help)"
@@ -52,6 +52,13 @@ _ABSTAIN_PROTOTYPES = (
     "The documents do not contain this information.",
     "There is not enough information to answer.",
 )
+
+
+def _stable(value: float) -> float:
+    """Round to 1e-6. A text's embedding moves in the 7th digit with the batch it is encoded
+    in (padding changes the kernels' summation order); rounding keeps scores and threshold
+    decisions the same whether a row is judged alone (genai scorers) or in a batch."""
+    return round(float(value), 6)
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,7 @@ class LocalJudge(Judge):
                 score = s.similarity_weight * cosine + (1 - s.similarity_weight) * coverage
                 if missing_numbers:
                     score *= 0.5
+                score = _stable(score)
                 supported = score >= s.support_threshold
                 evidence, source = units[best]
                 reason = (
@@ -177,7 +185,7 @@ class LocalJudge(Judge):
                     + ")"
                 )
                 verdicts.append(
-                    Verdict(supported, reason, evidence=evidence, score=round(score, 6), source_index=source)
+                    Verdict(supported, reason, evidence=evidence, score=score, source_index=source)
                 )
             out.append(verdicts)
         return out
@@ -201,14 +209,14 @@ class LocalJudge(Judge):
                 cos = np.maximum(cos, pv @ vectors[n + i])
             verdicts = []
             for j, c in enumerate(cos):
-                c = float(max(c, 0.0))
+                c = _stable(max(c, 0.0))
                 relevant = c >= threshold
                 verdicts.append(
                     Verdict(
                         relevant,
                         f"{'relevant' if relevant else 'not relevant'}: cosine {c:.2f} "
                         f"(threshold {threshold:.2f})",
-                        score=round(c, 6),
+                        score=c,
                         source_index=j,
                     )
                 )
@@ -223,7 +231,7 @@ class LocalJudge(Judge):
         self.calls += 1
         n = len(pairs)
         cos = np.einsum("ij,ij->i", vectors[:n], vectors[n:])
-        return [float(max(c, 0.0)) for c in cos]
+        return [_stable(max(c, 0.0)) for c in cos]
 
     def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:
         """Fixed abstention phrases, or a short answer close to an abstention prototype."""
@@ -237,7 +245,7 @@ class LocalJudge(Judge):
                 out.append(Verdict(True, "empty answer", score=1.0))
                 continue
             match = _ABSTAIN.search(answer)
-            closeness = float(np.max(protos @ vectors[len(_ABSTAIN_PROTOTYPES) + k]))
+            closeness = _stable(np.max(protos @ vectors[len(_ABSTAIN_PROTOTYPES) + k]))
             short = len(content_tokens(answer)) <= 12
             if match:
                 out.append(Verdict(True, f"abstains: says {match.group(0)!r}", evidence=match.group(0), score=1.0))

@@ -1,0 +1,125 @@
+"""One vocabulary: the evaluator plugin, extra_metrics and genai scorers give the same metric
+keys and the same values for the same records and judge."""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pytest
+
+from mlflow_rag_eval.integrations.mlflow_metrics import rag_metrics
+from mlflow_rag_eval.integrations.mlflow_scorers import rag_scorers
+
+METRICS = ["faithfulness", "answer_relevancy", "context_recall", "context_precision", "ndcg@10", "mrr"]
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from pipeline import load_golden
+
+    df = load_golden()
+    picked = pd.concat([df[df.answerable].head(6), df[~df.answerable].head(2)])
+    return picked[["question", "reference", "relevant_ids", "answerable"]].reset_index(drop=True)
+
+
+def _plugin(data, local_judge, **kwargs):
+    with mlflow.start_run():
+        return mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag",
+                                      evaluator_config={"judge": local_judge, "metrics": METRICS},
+                                      **kwargs).metrics
+
+
+def _extra_metrics(data, local_judge, **kwargs):
+    with mlflow.start_run():
+        return mlflow.models.evaluate(data=data, model_type=None,
+                                      extra_metrics=rag_metrics(METRICS, local_judge), **kwargs).metrics
+
+
+def _scorers(rows, local_judge, predict_fn=None):
+    return mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS, local_judge),
+                                 predict_fn=predict_fn).metrics
+
+
+def _assert_same(reference: dict, other: dict, *, n_error: bool = True):
+    keys = {k for k in reference if n_error or not k.endswith("/n_error")}
+    assert keys == set(other) - ({k for k in other if k.endswith("/n_error")} if not n_error else set())
+    for key in keys:
+        assert other[key] == pytest.approx(reference[key], abs=1e-12), key
+
+
+def test_static_predictions_same_keys_and_values_on_every_route(tracking_uri, golden, local_judge):
+    from pipeline import BM25, extract_answer, load_corpus
+
+    index = BM25(load_corpus())
+    data = golden.copy()
+    data["contexts"] = [[{"id": p["id"], "text": p["text"]} for p, _ in index.search(q, 4)] for q in data.question]
+    data["answer"] = [extract_answer(q, c, 0.34) for q, c in zip(data.question, data.contexts)]
+
+    plugin = _plugin(data, local_judge, predictions="answer")
+    extra = _extra_metrics(data, local_judge, predictions="answer")
+    rows = [
+        {"inputs": {"question": r.question}, "outputs": {"answer": r.answer, "contexts": r.contexts},
+         "expectations": {"reference": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable}}
+        for r in data.itertuples()
+    ]
+    scored = _scorers(rows, local_judge)
+
+    assert {k.split("/")[0] for k in plugin} == {"faithfulness", "answer_relevancy", "context_recall",
+                                                 "context_precision", "ndcg_at_10", "mrr"}
+    _assert_same(plugin, extra)
+    # MLflow's genai aggregation sees values only, so n_error cannot be one of its keys.
+    _assert_same(plugin, scored, n_error=False)
+
+
+def test_logged_pyfunc_same_values_on_every_route(tracking_uri, golden, local_judge):
+    from pipeline import log_pipeline
+
+    with mlflow.start_run():
+        info = log_pipeline(k=3)
+    plugin = _plugin(golden, local_judge, model=info.model_uri)
+    extra = _extra_metrics(golden, local_judge, model=info.model_uri, predictions="answer")
+
+    model = mlflow.pyfunc.load_model(info.model_uri)
+
+    def predict_fn(question):
+        return model.predict(pd.DataFrame({"question": [question]}))[0]
+
+    rows = [{"inputs": {"question": r.question},
+             "expectations": {"reference": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable}}
+            for r in golden.itertuples()]
+    scored = _scorers(rows, local_judge, predict_fn=predict_fn)
+    _assert_same(plugin, scored, n_error=False)
+    _assert_same(plugin, extra)
+
+
+def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(tracking_uri, local_judge):
+    from mlflow.entities import AssessmentSourceType, SpanType
+
+    @mlflow.trace(span_type=SpanType.RETRIEVER)
+    def retrieve(question):
+        return [{"page_content": "A bike ticket costs 5 euros per journey.", "metadata": {"doc_uri": "p1"}, "id": "p1"}]
+
+    @mlflow.trace
+    def rag(question):
+        retrieve(question)
+        return "A bike ticket costs 5 euros."
+
+    rag("How much is a bike ticket?")
+    mlflow.flush_trace_async_logging()
+    trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
+    faithfulness, ndcg = rag_scorers(["faithfulness", "ndcg@10"], local_judge)
+    feedback = faithfulness(inputs={"question": "How much is a bike ticket?"},
+                            outputs="A bike ticket costs 5 euros.", trace=trace)
+    assert feedback.value == 1.0 and feedback.error is None
+    assert feedback.source.source_type == AssessmentSourceType.LLM_JUDGE
+    assert feedback.source.source_id == local_judge.info().fingerprint
+    assert '"claim": "A bike ticket costs 5 euros."' in feedback.metadata["details"]
+    retrieval = ndcg(inputs={"question": "q"}, outputs="a", trace=trace, expectations={"relevant_ids": ["p1"]})
+    assert retrieval.value == 1.0 and retrieval.source.source_type == AssessmentSourceType.CODE
+
+
+def test_scorer_turns_bad_input_into_a_named_error(local_judge):
+    (faithfulness,) = rag_scorers(["faithfulness"], local_judge)
+    feedback = faithfulness(inputs={"question": ""}, outputs={"answer": "x", "contexts": []})
+    assert feedback.value is None
+    assert "RecordError" in feedback.error.error_code or "RecordError" in str(feedback.error.error_message)
