@@ -1,0 +1,153 @@
+"""The worst rows of each metric: where a person should start reading.
+
+Selection is on scored rows only. A failed row (the judge could not decide) is not a low score,
+so errors are listed apart and never compete with real scores for a place in the decile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.results import MetricResult
+
+__all__ = ["worst_rows", "json_safe", "truncate", "WORST_ROWS_SCHEMA_VERSION"]
+
+WORST_ROWS_SCHEMA_VERSION = 1
+
+#: user text (questions, answers) is cut to this many characters in the artifact and the page
+TEXT_LIMIT = 500
+
+
+def truncate(text: str | None, limit: int = TEXT_LIMIT) -> str | None:
+    """``text`` cut to ``limit`` characters, saying how much was cut (so nobody mistakes it)."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as plain JSON types, so ``json.dumps(..., allow_nan=False)`` cannot fail.
+
+    Details are written by metrics and may hold tuples, numpy scalars, dataclasses or a stray
+    NaN; non-finite floats become ``None`` (JSON has no NaN) and unknown objects their ``str``.
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return [json_safe(v) for v in items]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy array
+        return json_safe(value.tolist())
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _worst_indices(metric: MetricResult, fraction: float, min_rows: int) -> tuple[list[int], float | None]:
+    """Row indices of the worst ``fraction`` of scored rows (all rows tied at the cut-off)."""
+    scored = [(row.value, i) for i, row in enumerate(metric.rows) if row.status == "scored"]
+    if not scored:
+        return [], None
+    sign = 1.0 if metric.greater_is_better else -1.0
+    # Worst first; the row index breaks ties so the order is stable across runs.
+    scored.sort(key=lambda vi: (sign * vi[0], vi[1]))
+    k = min(len(scored), max(min_rows, math.ceil(fraction * len(scored))))
+    cutoff = scored[k - 1][0]
+    chosen = [i for v, i in scored if sign * v <= sign * cutoff]
+    return chosen, cutoff
+
+
+def _question_answer(result: EvaluationResult, i: int) -> tuple[str | None, str | None]:
+    if i >= len(result.records):
+        return None, None
+    record = result.records[i]
+    return truncate(record.question), truncate(record.answer)
+
+
+def worst_rows(result: EvaluationResult, fraction: float = 0.1, min_rows: int = 1) -> dict[str, Any]:
+    """Per metric, the worst ``fraction`` of scored rows and, apart, the rows that errored.
+
+    "Worst" is the bottom of the scores for a metric where greater is better, the top for one
+    where lower is better. The number taken is ``ceil(fraction * n_scored)``, at least
+    ``min_rows``; every row tied with the last one taken is included too, so the cut never
+    depends on row order. Rows are listed worst first (row index breaks ties).
+
+    Returns a JSON-serialisable dict (written as ``rag_eval/worst_rows.json``)::
+
+        {"schema_version": 1, "fraction": 0.1, "min_rows": 1, "n_rows": ...,
+         "metrics": {<metric key>: {"name", "greater_is_better", "n_scored", "n_error",
+                                    "n_skipped", "cutoff", "worst": [...], "errors": [...]}}}
+
+    Each worst row: ``row`` (0-based index in the evaluated data), ``question``, ``answer``
+    (both cut to 500 characters), ``value``, ``justification``, ``evidence`` (the row's details:
+    claims, verdicts, passages as the metric wrote them). Each error: ``row``, ``question``,
+    ``answer``, ``error``, ``evidence``.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    if min_rows < 0:
+        raise ValueError(f"min_rows must be >= 0, got {min_rows!r}")
+    metrics: dict[str, Any] = {}
+    for metric in result.metrics:
+        chosen, cutoff = _worst_indices(metric, fraction, min_rows)
+        worst = []
+        for i in chosen:
+            row = metric.rows[i]
+            question, answer = _question_answer(result, i)
+            worst.append(
+                {
+                    "row": i,
+                    "question": question,
+                    "answer": answer,
+                    "value": json_safe(row.value),
+                    "justification": row.justification,
+                    "evidence": json_safe(row.details),
+                }
+            )
+        errors = []
+        for i, row in enumerate(metric.rows):
+            if row.status != "error":
+                continue
+            question, answer = _question_answer(result, i)
+            errors.append(
+                {
+                    "row": i,
+                    "question": question,
+                    "answer": answer,
+                    "error": row.error,
+                    "evidence": json_safe(row.details),
+                }
+            )
+        summary = metric.summary
+        metrics[metric.key] = {
+            "name": metric.name,
+            "greater_is_better": metric.greater_is_better,
+            "n_scored": summary.n_scored,
+            "n_error": summary.n_error,
+            "n_skipped": summary.n_skipped,
+            "cutoff": json_safe(cutoff),
+            "worst": worst,
+            "errors": errors,
+        }
+    return {
+        "schema_version": WORST_ROWS_SCHEMA_VERSION,
+        "fraction": fraction,
+        "min_rows": min_rows,
+        "n_rows": len(result.records),
+        "metrics": metrics,
+    }
