@@ -99,6 +99,12 @@ def test_logged_pyfunc_pipeline_end_to_end(tracking_uri, golden):
     assert {m["name"] for m in lineage["metrics"]} >= {"faithfulness", "ndcg@10", "mrr"}
     assert lineage["dataset"]["n_rows"] == len(golden)
 
+    worst = _artifact_json(run_id, "rag_eval/worst_rows.json")
+    assert set(worst["metrics"]) >= {"faithfulness", "ndcg_at_10"}
+    assert all(w["justification"] for w in worst["metrics"]["faithfulness"]["worst"])
+    report = mlflow.artifacts.load_text(f"runs:/{run_id}/rag_eval/report.html")
+    assert 'id="quadrant"' in report and "<script" not in report
+
     inputs = client.get_run(run_id).inputs.dataset_inputs
     assert len(inputs) == 1 and inputs[0].dataset.digest
 

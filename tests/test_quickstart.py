@@ -35,7 +35,9 @@ def test_quickstart_logs_two_evaluated_runs(tracking_uri, capsys):
         assert set(PROMISED) <= set(run.data.metrics)
         paths = {a.path for a in client.list_artifacts(run_id)}
         assert "eval_results_table.json" in paths
-        assert {a.path for a in client.list_artifacts(run_id, "rag_eval")} == {"rag_eval/judge_lineage.json"}
+        assert {a.path for a in client.list_artifacts(run_id, "rag_eval")} == {
+            "rag_eval/judge_lineage.json", "rag_eval/worst_rows.json", "rag_eval/report.html"
+        }
         assert f"{run.data.metrics['ndcg_at_10/mean']:.3f}" in out
     # Wider retrieval finds at least as many relevant passages in the top 5.
     (_, small), (_, large) = runs.values()

@@ -9,7 +9,10 @@ What a run holds after an evaluation (one evaluation per run):
   ``<metric>/score`` and ``<metric>/justification`` columns;
 - ``rag_eval/judge_lineage.json``: the judge, its model files' hash, its settings, the metric
   specs, call counts and timings, and package versions. No secret goes in: judge params are
-  settings, never credentials.
+  settings, never credentials;
+- ``rag_eval/worst_rows.json``: per metric, the bottom decile with reasons and evidence;
+- ``rag_eval/report.html``: a self-contained page (distributions, the retrieval-vs-generation
+  quadrant, the worst rows, the lineage) that the MLflow UI's artifact viewer shows.
 """
 
 from __future__ import annotations
@@ -24,11 +27,17 @@ from mlflow.entities import Metric, Param, RunTag
 
 from mlflow_rag_eval.engine import EvaluationResult
 from mlflow_rag_eval.judges.prompts import PROMPTS
+from mlflow_rag_eval.report import render_report, worst_rows
 
-__all__ = ["LINEAGE_FILE", "TABLE_FILE", "assert_run_is_fresh", "lineage", "log_evaluation"]
+__all__ = [
+    "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "assert_run_is_fresh", "lineage",
+    "log_evaluation",
+]
 
 TABLE_FILE = "eval_results_table.json"
 LINEAGE_FILE = "rag_eval/judge_lineage.json"
+WORST_ROWS_FILE = "rag_eval/worst_rows.json"
+REPORT_FILE = "rag_eval/report.html"
 EVALUATED_TAG = "rag_eval.evaluated"
 
 
@@ -107,6 +116,10 @@ def log_evaluation(result: EvaluationResult, run_id: str, client: MlflowClient |
         tags=[RunTag(k, v) for k, v in tags.items()],
     )
     client.log_table(run_id, data=result.table(), artifact_file=TABLE_FILE)
-    client.log_dict(run_id, lineage(result), LINEAGE_FILE)
+    lineage_doc = lineage(result)
+    client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
+    worst = worst_rows(result)
+    client.log_dict(run_id, worst, WORST_ROWS_FILE)
+    client.log_text(run_id, render_report(result, lineage_doc, worst=worst), REPORT_FILE)
     return metrics
 
