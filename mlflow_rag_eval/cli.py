@@ -69,3 +69,39 @@ def cache_clear(path: Path | None, yes: bool) -> None:
             click.confirm(f"Delete {entries} cached replies from {judge_cache.path}?", abort=True)
         removed = judge_cache.clear()
     click.echo(f"Removed {removed} entries from {judge_cache.path}.")
+
+
+_tracking_option = click.option(
+    "--tracking-uri", default=None, envvar="MLFLOW_TRACKING_URI",
+    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else MLflow's default).",
+)
+
+
+@main.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--allow-judge-change", is_flag=True, help="Compare even if the judge or its prompts differ.")
+@click.option("--allow-dataset-change", is_flag=True, help="Compare even if the dataset digest differs.")
+@click.option("--log-to", default=None, help="Run that gets the HTML/JSON comparison (default: RUN_B).")
+@click.option("--no-log", is_flag=True, help="Print only; log no artifact.")
+@_tracking_option
+def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_log, tracking_uri) -> None:
+    """Per-metric deltas of RUN_B against RUN_A, paired over their shared rows.
+
+    Exit code 0: compared; 2: the runs are not comparable (dataset, judge or prompts differ).
+    """
+    import mlflow
+
+    from mlflow_rag_eval.comparison import NotComparable, compare_runs
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        comparison = compare_runs(
+            run_a, run_b, allow_judge_change=allow_judge_change,
+            allow_dataset_change=allow_dataset_change, log_to=None if no_log else (log_to or run_b),
+        )
+    except NotComparable as exc:
+        click.echo(f"not comparable: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(comparison.to_text())

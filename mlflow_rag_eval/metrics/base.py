@@ -65,7 +65,8 @@ class Metric(ABC):
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != f.default
         }
-        return {"name": self.display_name, "version": self.version, "params": params}
+        return {"name": self.display_name, "version": self.version, "params": params,
+                "greater_is_better": self.greater_is_better}
 
     def not_applicable(self, record: RagRecord) -> str | None:
         """Why this record cannot be scored (e.g. no reference), or None when it can."""
