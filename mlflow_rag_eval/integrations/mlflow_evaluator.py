@@ -116,7 +116,10 @@ class RagEvaluator(ModelEvaluator):
             available_fields=available,
             mapping=mapping,
         )
-        metrics = log_evaluation(result, run_id, client)
+        model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
+        metrics = log_evaluation(
+            result, run_id, client, tags={"rag_eval.model_id": model_id} if model_id else None
+        )
         artifact_uri = client.get_run(run_id).info.artifact_uri
         artifacts = {
             "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),

@@ -89,8 +89,18 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
     }
 
 
-def log_evaluation(result: EvaluationResult, run_id: str, client: MlflowClient | None = None) -> dict[str, float]:
-    """Log aggregates, params, tags, the per-row table and the lineage; return the metrics."""
+def log_evaluation(
+    result: EvaluationResult,
+    run_id: str,
+    client: MlflowClient | None = None,
+    *,
+    tags: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """Log aggregates, params, tags, the per-row table and the lineage; return the metrics.
+
+    ``tags`` adds run tags (the evaluator adds ``rag_eval.model_id``: the logged model that
+    was evaluated, which the gate uses to find a model version's evaluations).
+    """
     client = client or MlflowClient()
     judge = result.judge
     metrics = result.aggregates()
@@ -108,6 +118,7 @@ def log_evaluation(result: EvaluationResult, run_id: str, client: MlflowClient |
         "rag_eval.judge_fingerprint": judge.fingerprint,
         "rag_eval.dataset_digest": result.dataset_digest,
         "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+        **(tags or {}),
     }
     client.log_batch(
         run_id,
