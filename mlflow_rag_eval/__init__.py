@@ -1,1 +1,55 @@
-"""mlflow_rag_eval."""
+"""mlflow_rag_eval: evaluate RAG pipelines inside MLflow.
+
+The curated public API. Everything is imported on first use, so ``import mlflow_rag_eval``
+loads neither MLflow nor torch (the evaluator plugin is found by MLflow through its entry point).
+
+Routes into MLflow:
+- ``mlflow.models.evaluate(..., model_type="rag", evaluators="rag")`` — the evaluator plugin;
+- :func:`rag_metrics` — ``extra_metrics`` for MLflow's default evaluator;
+- :func:`rag_scorers` — scorers for ``mlflow.genai.evaluate``.
+Building blocks: :func:`evaluate_records`, :func:`get_judge`, :func:`rubric`,
+:func:`compare_runs`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "ColumnMapping",
+    "RagRecord",
+    "compare_runs",
+    "evaluate_records",
+    "get_judge",
+    "rag_metrics",
+    "rag_scorers",
+    "records_from_frame",
+    "register_metric",
+    "rubric",
+]
+
+_WHERE = {
+    "ColumnMapping": "mlflow_rag_eval.records",
+    "RagRecord": "mlflow_rag_eval.records",
+    "records_from_frame": "mlflow_rag_eval.records",
+    "evaluate_records": "mlflow_rag_eval.engine",
+    "get_judge": "mlflow_rag_eval.judges",
+    "rag_metrics": "mlflow_rag_eval.integrations.mlflow_metrics",
+    "rag_scorers": "mlflow_rag_eval.integrations.mlflow_scorers",
+    "register_metric": "mlflow_rag_eval.metrics",
+    "rubric": "mlflow_rag_eval.metrics",
+    "compare_runs": "mlflow_rag_eval.comparison",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mlflow_rag_eval' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
