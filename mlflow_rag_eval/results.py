@@ -86,9 +86,15 @@ def _bootstrap_ci(values: np.ndarray, *, n_resamples: int = 1000, seed: int = 0)
 
 def summarize(rows: Sequence[RowResult]) -> MetricSummary:
     """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean."""
-    values = np.array([r.value for r in rows if r.status == "scored"], dtype=float)
-    n_error = sum(r.status == "error" for r in rows)
-    n_skipped = sum(r.status == "skipped" for r in rows)
+    scored, n_error, n_skipped = [], 0, 0
+    for r in rows:  # one pass: summaries of 10k-row metrics are on the logging path
+        if r.error is not None:
+            n_error += 1
+        elif r.value is None:
+            n_skipped += 1
+        else:
+            scored.append(r.value)
+    values = np.array(scored, dtype=float)
     if len(values) == 0:
         return MetricSummary(None, None, None, 0, n_error, n_skipped)
     low, high = _bootstrap_ci(values) if len(values) > 1 else (float(values[0]),) * 2

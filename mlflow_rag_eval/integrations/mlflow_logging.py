@@ -18,6 +18,7 @@ What a run holds after an evaluation (one evaluation per run):
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -130,7 +131,8 @@ def log_evaluation(
     lineage_doc = lineage(result)
     client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
     worst = worst_rows(result)
-    client.log_dict(run_id, worst, WORST_ROWS_FILE)
+    # log_dict indents, which turns off the C JSON encoder: 3x slower on 10k rows.
+    client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)
     client.log_text(run_id, render_report(result, lineage_doc, worst=worst), REPORT_FILE)
     return metrics
 
