@@ -1,6 +1,6 @@
 """log_evaluation makes a few bulk MLflow client calls, the same few for 100 rows as for 10,000.
 
-Not timed (``bench/logging.py`` times it): a call per row would show up here as a count that
+Not timed (``bench/log_evaluation.py`` times it): a call per row would show up here as a count that
 grows with the rows, whatever the machine's speed.
 """
 
