@@ -63,7 +63,8 @@ def main() -> None:
     get_judge("scripted").similarity([("warm", "up")])
     print(f"{args.rows} rows, {len(METRICS)} metrics ({', '.join(METRICS)}), "
           f"{args.latency * 1000:.0f} ms per judge call, 5 contexts per row")
-    print(f"{'concurrency':>11} {'run':>5} {'calls/row':>10} {'tokens/row':>11} {'wall s':>8} {'errors':>7}")
+    print("calls/row: provider calls; identical prompts (repeated questions) hit the cache even cold")
+    print(f"{'concurrency':>11} {'run':>5} {'calls/row':>10} {'hits/row':>9} {'tokens/row':>11} {'wall s':>8} {'errors':>7}")
     for concurrency in args.concurrency:
         with tempfile.TemporaryDirectory() as tmp:
             cache = JudgeCache(Path(tmp) / "cache.sqlite")
@@ -76,6 +77,7 @@ def main() -> None:
                 errors = sum(m.summary.n_error for m in result.metrics)
                 tokens = (usage["tokens_in"] + usage["tokens_out"]) / len(records)
                 print(f"{concurrency:>11} {run:>5} {usage['provider_calls'] / len(records):>10.2f} "
+                      f"{usage['cache_hits'] / len(records):>9.2f} "
                       f"{tokens:>11.0f} {wall:>8.2f} {errors:>7}")
                 judge.close()
     server.close()
