@@ -150,6 +150,10 @@ class OpenAICompatBackend:
             ``api-key`` header instead of a bearer token.
         headers: extra HTTP headers (never logged or part of the identity).
         supports_schema: whether to ask the server for strict JSON-schema output.
+        response_format: how to ask for it: ``"json_schema"`` (OpenAI's
+            ``{"type": "json_schema", "json_schema": {...}}``) or ``"json_object"``
+            (``{"type": "json_object", "schema": {...}}``, the form llama-cpp-python's server
+            turns into a grammar; it answers 500 to the OpenAI form).
         default_concurrency: the concurrency the layer above uses unless told otherwise.
     """
 
@@ -164,6 +168,7 @@ class OpenAICompatBackend:
         azure_api_version: str | None = None,
         headers: dict[str, str] | None = None,
         supports_schema: bool = True,
+        response_format: str = "json_schema",
         default_concurrency: int = 8,
     ):
         if not model:
@@ -177,6 +182,9 @@ class OpenAICompatBackend:
         self.azure_api_version = azure_api_version
         self._headers = dict(headers or {})
         self.supports_schema = supports_schema
+        if response_format not in RESPONSE_FORMATS:
+            raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, got {response_format!r}")
+        self.response_format = response_format
         self.default_concurrency = default_concurrency
         self._local = threading.local()  # one requests.Session per thread
 
@@ -189,6 +197,8 @@ class OpenAICompatBackend:
 
     def identity(self) -> dict[str, Any]:
         ident = {"provider": self.provider, "model": self.model, "base_url": self.base_url}
+        if self.response_format != "json_schema":
+            ident["response_format"] = self.response_format
         if self.azure_api_version:
             ident["azure_api_version"] = self.azure_api_version
         return ident
@@ -218,7 +228,9 @@ class OpenAICompatBackend:
     def body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so tests and lineage can show it)."""
         body: dict[str, Any] = {**request.params, "model": self.model, "messages": request.messages}
-        if request.schema is not None and self.supports_schema:
+        if request.schema is not None and self.supports_schema and self.response_format == "json_object":
+            body["response_format"] = {"type": "json_object", "schema": request.schema}
+        elif request.schema is not None and self.supports_schema:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {
@@ -315,7 +327,10 @@ def parse_chat_completion(payload: dict[str, Any], *, default_model: str, where:
     )
 
 
-_TARGET_OPTIONS = {"base_url", "api_key_env", "azure_api_version", "supports_schema", "concurrency"}
+_TARGET_OPTIONS = {
+    "base_url", "api_key_env", "azure_api_version", "supports_schema", "response_format", "concurrency",
+}
+RESPONSE_FORMATS = ("json_schema", "json_object")
 
 
 def parse_openai_target(spec: str) -> OpenAICompatBackend:
@@ -326,7 +341,9 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
     ``openai:/gpt4o-deployment?base_url=https://x.openai.azure.com&azure_api_version=2024-10-21``
     (add ``&api_key_env=AZURE_OPENAI_API_KEY`` to read the key from another variable).
     Options: ``base_url``, ``api_key_env``, ``azure_api_version``, ``supports_schema``
-    (``true``/``false``), ``concurrency``. Everything after the first ``?`` is options, so a
+    (``true``/``false``), ``response_format`` (``json_schema``, the default, or ``json_object``
+    for llama-cpp-python's server: ``openai:/smollm2?base_url=...&response_format=json_object``),
+    ``concurrency``. Everything after the first ``?`` is options, so a
     ``base_url`` with its own query string must be percent-encoded. A key is never accepted
     in the name (names are logged): use ``api_key_env``.
     """
@@ -354,6 +371,8 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
         kwargs["supports_schema"] = value in ("true", "1")
     if "concurrency" in options:
         kwargs["default_concurrency"] = int(options["concurrency"])
+    if "response_format" in options:
+        kwargs["response_format"] = options["response_format"]
     return OpenAICompatBackend(
         model,
         base_url=options.get("base_url") or None,
