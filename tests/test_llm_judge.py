@@ -100,6 +100,8 @@ def test_invalid_reply_gets_one_retry_that_shows_the_error():
     retry = backend.requests[1].messages
     assert retry[-2] == {"role": "assistant", "content": "not json at all"}
     assert "Your reply was not valid: no valid JSON object" in retry[-1]["content"]
+    # The correction never quotes the reply: echoed data must not return outside its tags.
+    assert "not json at all" not in retry[-1]["content"]
     assert judge.usage()["repair_retries"] == 1
 
 

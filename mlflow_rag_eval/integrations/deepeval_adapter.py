@@ -207,7 +207,7 @@ def _json_schema(schema: Any) -> dict[str, Any] | None:
 def _corrective(messages: list[dict[str, str]], text: str, error: Exception) -> list[dict[str, str]]:
     return messages + [
         {"role": "assistant", "content": text},
-        {"role": "user", "content": f"Your reply was not valid: {error}. Reply again with only "
+        {"role": "user", "content": f"Your reply was not valid: {getattr(error, 'reason', error)}. Reply again with only "
                                     "the JSON object that matches the schema."},
     ]
 

@@ -172,7 +172,7 @@ async def _structured(judge: Any, prompt: str, response_model: type) -> Any:
     except ReplyParseError as first:
         text = await _ask(judge, messages + [
             {"role": "assistant", "content": text},
-            {"role": "user", "content": f"Your reply was not valid: {first}. Reply again with only "
+            {"role": "user", "content": f"Your reply was not valid: {getattr(first, 'reason', first)}. Reply again with only "
                                         "the JSON object that matches the schema."},
         ], schema)
         try:

@@ -296,7 +296,7 @@ class LLMJudge(Judge):
                 retry = replace(request, messages=messages + [
                     {"role": "assistant", "content": reply.text},
                     {"role": "user", "content": (
-                        f"Your reply was not valid: {first}. Reply again with only the JSON "
+                        f"Your reply was not valid: {first.reason}. Reply again with only the JSON "
                         "object that matches the schema."
                     )},
                 ])
@@ -401,7 +401,7 @@ class LLMJudge(Judge):
                     self.usage_.add(repair_retries=1)
                     reply = self._reply(replace(request, messages=list(messages) + [
                         {"role": "assistant", "content": reply.text},
-                        {"role": "user", "content": f"Your reply was not valid: {first}. Reply "
+                        {"role": "user", "content": f"Your reply was not valid: {first.reason}. Reply "
                                                     "again with only the JSON object."},
                     ]), deadline)
                     try:

@@ -20,7 +20,16 @@ _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 
 
 class ReplyParseError(ValueError):
-    """The reply is not valid JSON for the schema, even after repair."""
+    """The reply is not valid JSON for the schema, even after repair.
+
+    ``reason`` says what is wrong without quoting the reply: it is what the corrective retry
+    shows the model, so text the model echoed from the data (an injected instruction, say)
+    never comes back to it outside the data tags. ``str()`` adds a snippet, for the row's error.
+    """
+
+    def __init__(self, reason: str, snippet: str | None = None):
+        self.reason = reason
+        super().__init__(reason if snippet is None else f"{reason}: {snippet!r}")
 
 
 def _first_object(text: str) -> str | None:
@@ -64,8 +73,7 @@ def extract_json(text: str) -> object:
                 return json.loads(attempt)
             except (json.JSONDecodeError, ValueError):
                 continue
-    snippet = text.strip().replace("\n", " ")[:120]
-    raise ReplyParseError(f"no valid JSON object in the reply: {snippet!r}")
+    raise ReplyParseError("no valid JSON object in the reply", text.strip().replace("\n", " ")[:120])
 
 
 def parse_reply(text: str, schema: type[BaseModel]) -> BaseModel:

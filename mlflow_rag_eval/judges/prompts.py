@@ -162,7 +162,7 @@ _P = [
             "For each claim decide whether the passages support it: true only if they state it "
             "or directly imply it.\n\n{claims}\n\n{passages}\n\n"
             'Schema: {{"verdicts": [{{"index": int, "verdict": bool, "reason": str}}]}} '
-            "with one verdict per claim index."
+            "with one verdict per claim index (indices start at 0, as in the tags)."
         ),
     ),
     PromptTemplate(
@@ -174,7 +174,7 @@ _P = [
             "For each passage decide whether it is useful for answering the question"
             "{reference_clause}.\n\n{question}\n{reference}\n\n{passages}\n\n"
             'Schema: {{"verdicts": [{{"index": int, "verdict": bool, "reason": str}}]}} '
-            "with one verdict per passage index."
+            "with one verdict per passage index (indices start at 0, as in the tags)."
         ),
     ),
     PromptTemplate(
