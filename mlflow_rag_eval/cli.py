@@ -105,3 +105,67 @@ def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_l
         click.echo(f"not comparable: {exc}", err=True)
         raise SystemExit(2) from None
     click.echo(comparison.to_text())
+
+
+@main.command("gate")
+@click.option("--model", required=True, help="Registered model name.")
+@click.option("--candidate", required=True, help="Candidate model version.")
+@click.option("--champion-alias", default="champion", show_default=True, help="Alias the candidate competes for.")
+@click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Gate policy YAML.")
+@click.option("--allow-judge-change", is_flag=True,
+              help="Gate even if the judge or its prompts differ from the champion's evaluation.")
+@click.option("--dry-run", is_flag=True, help="Decide and print; record nothing, move no alias.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
+@_tracking_option
+def gate_command(model, candidate, champion_alias, policy_path, allow_judge_change, dry_run, as_json,
+                 tracking_uri) -> None:
+    """Promote CANDIDATE to the champion alias if it meets the policy.
+
+    Exit code 0: passed (alias moved); 1: refused (alias unchanged); 2: unusable input (bad
+    policy, missing version or evaluation, dataset digest mismatch).
+    """
+    import json
+
+    import mlflow
+
+    from mlflow_rag_eval.gate import gate
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    decision = gate(model, candidate, policy_path, champion_alias=champion_alias,
+                    allow_judge_change=allow_judge_change, record=not dry_run)
+    click.echo(json.dumps(decision.as_dict(), indent=2, default=str) if as_json else decision.to_text())
+    raise SystemExit(decision.exit_code)
+
+
+@main.command("calibrate")
+@click.option("--labels", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Human labels: CSV or JSONL with answer, contexts (or context), label; question optional.")
+@click.option("--metric", default="faithfulness", show_default=True, help="Judge-graded metric to calibrate.")
+@click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
+@click.option("--threshold", type=float, default=None, help="Score counted as 'yes' at or above (default 0.5).")
+@click.option("--label-threshold", type=float, default=0.5, show_default=True, help="Label counted as 'yes' at or above.")
+@click.option("--limit", type=int, default=None, help="Judge a seeded random sample of N rows.")
+@click.option("--n-boot", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--experiment", default="rag_eval-calibration", show_default=True, help="Experiment of the calibration run.")
+@click.option("--no-log", is_flag=True, help="Print only; log no calibration run.")
+@_tracking_option
+def calibrate_command(labels, metric, judge, threshold, label_threshold, limit, n_boot, seed, experiment,
+                      no_log, tracking_uri) -> None:
+    """Measure how a judge-graded metric agrees with human labels (rho, tau, kappa, accuracy,
+    AUROC, each with a bootstrap 95% CI) and log it for the gate."""
+    import mlflow
+
+    from mlflow_rag_eval.gate import calibrate
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        result = calibrate(labels, metric, judge, threshold=threshold, label_threshold=label_threshold,
+                           limit=limit, n_boot=n_boot, seed=seed, log=not no_log, experiment=experiment)
+    except ValueError as exc:
+        click.echo(f"cannot calibrate: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(result.to_text())

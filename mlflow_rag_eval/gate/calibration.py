@@ -1,0 +1,300 @@
+"""Calibrate a judge-graded metric against human labels, and log the result for the gate.
+
+A judge is only worth gating on if its scores track human judgement. :func:`calibrate` runs
+one metric with one judge over human-labelled rows and reports how well the scores agree
+with the labels, each figure with a seeded percentile-bootstrap 95% CI (rows resampled with
+replacement; resamples where a figure is undefined are left out):
+
+- Spearman rho and Kendall tau-b between score and label (rank agreement; the gate uses rho);
+- Cohen's kappa, accuracy and balanced accuracy of the binarised decisions: a score counts as
+  "yes" when ``score >= threshold`` (default 0.5), a label when ``label >= label_threshold``
+  (default 0.5; 0/1 labels are unchanged by it);
+- AUROC of the score for the label, when every label is 0 or 1.
+
+Only rows the metric scored count; judge failures (``n_error``) and rows the metric does not
+apply to (``n_skipped``, e.g. an answer with no claim) are reported, not imputed.
+
+With ``log=True`` a run goes to the experiment ``rag_eval-calibration`` (by default) with tags
+``rag_eval.calibration=true``, ``rag_eval.calibration.metric`` (the metric key),
+``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``; metrics
+``calibration/<figure>`` with ``_ci_low``/``_ci_high``, ``calibration/n_labels``,
+``/n_scored``, ``/n_error``, ``/n_skipped``; artifacts ``rag_eval/calibration.json`` and
+``rag_eval/calibration_rows.json`` (label, score, justification per row). The gate looks up
+the newest such run for its judge, prompts version and metric.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from mlflow_rag_eval.gate.lookup import CALIBRATION_TAG
+
+__all__ = ["CalibrationResult", "calibrate", "load_labels", "FIGURES", "DEFAULT_EXPERIMENT"]
+
+DEFAULT_EXPERIMENT = "rag_eval-calibration"
+FIGURES = ("spearman", "kendall_tau", "cohen_kappa", "accuracy", "balanced_accuracy", "auroc")
+
+
+def load_labels(labels: pd.DataFrame | str | Path) -> pd.DataFrame:
+    """Read labels (CSV, JSONL or JSON) and normalise them to record columns plus ``label``.
+
+    Columns: ``answer``, ``contexts`` (a list, or one context string; ``context`` is accepted
+    too), ``label`` (a number in [0, 1]); ``question``, ``reference`` and ``id`` are optional.
+    """
+    if isinstance(labels, (str, Path)):
+        path = Path(labels)
+        if path.suffix == ".csv":
+            frame = pd.read_csv(path)
+        else:
+            frame = pd.read_json(path, lines=path.suffix in (".jsonl", ".ndjson"), dtype=False)
+    elif isinstance(labels, pd.DataFrame):
+        frame = labels.copy()
+    else:
+        raise TypeError(f"labels must be a DataFrame or a file path, got {type(labels).__name__}")
+    frame = frame.reset_index(drop=True)
+    if "contexts" not in frame.columns and "context" in frame.columns:
+        frame = frame.rename(columns={"context": "contexts"})
+    for column in ("answer", "contexts", "label"):
+        if column not in frame.columns:
+            raise ValueError(f"labels: required column {column!r} is missing (columns: {list(frame.columns)})")
+    frame["contexts"] = [c if not isinstance(c, str) else _maybe_list(c) for c in frame["contexts"]]
+    if "question" not in frame.columns:
+        # faithfulness ignores the question; records need one, and a unique one keeps rows apart.
+        frame["question"] = [f"(calibration row {i})" for i in range(len(frame))]
+    label = pd.to_numeric(frame["label"], errors="coerce")
+    bad = label.isna() | (label < 0) | (label > 1)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ValueError(f"labels: row {row}, column 'label': must be a number in [0, 1], got {frame['label'][row]!r}")
+    frame["label"] = label.astype(float)
+    return frame
+
+
+def _maybe_list(text: str) -> list[str]:
+    """A CSV cell holding a JSON list of contexts, or one context string."""
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+            if isinstance(value, list):
+                return value
+        except json.JSONDecodeError:
+            pass
+    return [text]
+
+
+# -- figures, vectorised over bootstrap resamples: rows of (n_boot, n) matrices ------------------
+def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    x = x - x.mean(axis=1, keepdims=True)
+    y = y - y.mean(axis=1, keepdims=True)
+    den = np.sqrt((x * x).sum(axis=1) * (y * y).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (x * y).sum(axis=1) / np.where(den > 0, den, 1), np.nan)
+
+
+def _spearman(s, y, sb, yb):
+    from scipy.stats import rankdata
+
+    return _pearson(rankdata(s, axis=1), rankdata(y, axis=1))
+
+
+def _kendall(s, y, sb, yb):
+    from scipy.stats import kendalltau
+
+    return np.array([kendalltau(a, b).statistic for a, b in zip(s, y)], dtype=float)
+
+
+def _kappa(s, y, sb, yb):
+    po = (sb == yb).mean(axis=1)
+    pe = sb.mean(axis=1) * yb.mean(axis=1) + (1 - sb.mean(axis=1)) * (1 - yb.mean(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pe < 1, (po - pe) / np.where(pe < 1, 1 - pe, 1), np.nan)
+
+
+def _accuracy(s, y, sb, yb):
+    return (sb == yb).mean(axis=1)
+
+
+def _balanced_accuracy(s, y, sb, yb):
+    pos, neg = yb.sum(axis=1), (1 - yb).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpr = np.where(pos > 0, (sb * yb).sum(axis=1) / np.where(pos > 0, pos, 1), np.nan)
+        tnr = np.where(neg > 0, ((1 - sb) * (1 - yb)).sum(axis=1) / np.where(neg > 0, neg, 1), np.nan)
+    return (tpr + tnr) / 2
+
+
+def _auroc(s, y, sb, yb):
+    # Mann-Whitney U over average ranks: ties count one half, as roc_auc_score counts them.
+    from scipy.stats import rankdata
+
+    ranks = rankdata(s, axis=1)
+    pos, neg = yb.sum(axis=1), (1 - yb).sum(axis=1)
+    u = (ranks * yb).sum(axis=1) - pos * (pos + 1) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((pos > 0) & (neg > 0), u / np.where(pos * neg > 0, pos * neg, 1), np.nan)
+
+
+_FUNCS: dict[str, Callable] = {
+    "spearman": _spearman, "kendall_tau": _kendall, "cohen_kappa": _kappa, "accuracy": _accuracy,
+    "balanced_accuracy": _balanced_accuracy, "auroc": _auroc,
+}
+
+
+def agreement(scores, labels, *, threshold: float = 0.5, label_threshold: float = 0.5,
+              n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, float | None]]:
+    """Each figure's value and bootstrap 95% CI (None where undefined) for paired arrays."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels, dtype=float)
+    binary = bool(np.isin(y, (0.0, 1.0)).all())
+    idx = np.vstack([np.arange(len(s)), np.random.default_rng(seed).integers(0, len(s), size=(n_boot, len(s)))])
+    S, Y = s[idx], y[idx]
+    Sb, Yb = (S >= threshold).astype(float), (Y >= label_threshold).astype(float)
+    out: dict[str, dict[str, float | None]] = {}
+    for name in FIGURES:
+        if name == "auroc" and not binary:
+            out[name] = {"value": None, "ci_low": None, "ci_high": None}
+            continue
+        values = _FUNCS[name](S, Y, Sb, Yb) if len(s) else np.full(n_boot + 1, np.nan)
+        point, boot = values[0], values[1:]
+        boot = boot[~np.isnan(boot)]
+        low, high = (float(v) for v in np.quantile(boot, [0.025, 0.975])) if len(boot) else (None, None)
+        out[name] = {"value": None if np.isnan(point) else float(point), "ci_low": low, "ci_high": high}
+    return out
+
+
+@dataclass
+class CalibrationResult:
+    """How a judge-graded metric agrees with human labels."""
+
+    metric: str
+    judge: str
+    judge_fingerprint: str
+    prompts_version: str
+    n_labels: int
+    n_scored: int
+    n_error: int
+    n_skipped: int
+    threshold: float
+    label_threshold: float
+    binary_labels: bool
+    figures: dict[str, dict[str, float | None]]
+    n_boot: int
+    seed: int
+    labels_digest: str
+    rows: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    run_id: str | None = None
+
+    @property
+    def spearman(self) -> float | None:
+        """Spearman rho, the figure the gate checks."""
+        return self.figures["spearman"]["value"]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "rows"}
+        out["schema_version"] = 1
+        return out
+
+    def to_text(self) -> str:
+        lines = [
+            f"calibration of {self.metric} by judge {self.judge} (fingerprint {self.judge_fingerprint}, "
+            f"prompts {self.prompts_version})",
+            f"labels: {self.n_labels}   scored: {self.n_scored}   errors: {self.n_error}   "
+            f"not applicable: {self.n_skipped}   binarised at score >= {self.threshold:g}, "
+            f"label >= {self.label_threshold:g}",
+            f"{'figure':<20}{'value':>8}   95% CI ({self.n_boot} bootstrap resamples, seed {self.seed})",
+        ]
+        for name, f in self.figures.items():
+            value = "-" if f["value"] is None else f"{f['value']:.3f}"
+            ci = "-" if f["ci_low"] is None else f"[{f['ci_low']:.3f}, {f['ci_high']:.3f}]"
+            lines.append(f"{name:<20}{value:>8}   {ci}")
+        if self.run_id:
+            lines.append(f"logged to run {self.run_id}")
+        return "\n".join(lines)
+
+
+def calibrate(labels: pd.DataFrame | str | Path, metric: str = "faithfulness", judge=None, *,
+              threshold: float | None = None, label_threshold: float = 0.5, n_boot: int = 1000,
+              seed: int = 0, limit: int | None = None, log: bool = True,
+              experiment: str = DEFAULT_EXPERIMENT, client=None) -> CalibrationResult:
+    """Score labelled rows with ``metric`` and ``judge`` and measure agreement with the labels.
+
+    Args:
+        labels: a DataFrame or a CSV/JSONL file (see :func:`load_labels`).
+        judge: a judge name or object (default: the local MiniLM judge).
+        threshold: score at or above which the metric says "yes" (default 0.5).
+        limit: judge a seeded random sample of this many rows (``seed``), in file order.
+        log: log a calibration run that the gate finds (see the module docstring).
+    """
+    from mlflow_rag_eval.engine import evaluate_records
+    from mlflow_rag_eval.records import records_from_frame
+    from mlflow_rag_eval.results import metric_key
+
+    threshold = 0.5 if threshold is None else float(threshold)
+    frame = load_labels(labels)
+    if limit is not None and limit < len(frame):
+        frame = frame.sample(n=limit, random_state=seed).sort_index().reset_index(drop=True)
+    records = records_from_frame(frame)
+    available = {"answer", "contexts"} | ({"reference"} if "reference" in frame.columns else set())
+    result = evaluate_records(records, metrics=[metric], judge=judge, available_fields=available)
+    (scored,) = result.metrics
+    rows = pd.DataFrame({
+        "id": frame["id"] if "id" in frame.columns else range(len(frame)),
+        "label": frame["label"],
+        "score": [r.value for r in scored.rows],
+        "status": [r.status for r in scored.rows],
+        "justification": [r.justification for r in scored.rows],
+    })
+    ok = rows["status"] == "scored"
+    figures = agreement(rows["score"][ok].to_numpy(dtype=float), rows["label"][ok].to_numpy(dtype=float),
+                        threshold=threshold, label_threshold=label_threshold, n_boot=n_boot, seed=seed)
+    digest = hashlib.sha256(
+        frame[["answer", "contexts", "label"]].to_json(orient="records").encode()).hexdigest()[:16]
+    out = CalibrationResult(
+        metric=metric_key(scored.name), judge=result.judge.name, judge_fingerprint=result.judge.fingerprint,
+        prompts_version=result.judge.prompts_version, n_labels=len(frame), n_scored=int(ok.sum()),
+        n_error=int((rows["status"] == "error").sum()), n_skipped=int((rows["status"] == "skipped").sum()),
+        threshold=threshold, label_threshold=label_threshold,
+        binary_labels=bool(frame["label"].isin((0.0, 1.0)).all()), figures=figures, n_boot=n_boot,
+        seed=seed, labels_digest=digest, rows=rows,
+    )
+    if log:
+        out.run_id = _log(out, experiment, client, source=str(labels) if isinstance(labels, (str, Path)) else None)
+    return out
+
+
+def _log(result: CalibrationResult, experiment: str, client, source: str | None) -> str:
+    import mlflow
+    from mlflow.entities import Metric, Param
+
+    client = client or mlflow.MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    tags = {
+        CALIBRATION_TAG: "true", f"{CALIBRATION_TAG}.metric": result.metric, "rag_eval.judge": result.judge,
+        "rag_eval.judge_fingerprint": result.judge_fingerprint, "rag_eval.prompts_version": result.prompts_version,
+    }
+    run = client.create_run(experiment_id, tags=tags, run_name=f"calibrate-{result.metric}-{result.judge}")
+    run_id = run.info.run_id
+    now = int(time.time() * 1000)
+    metrics = {f"calibration/{k}": float(getattr(result, k))
+               for k in ("n_labels", "n_scored", "n_error", "n_skipped")}
+    for name, figure in result.figures.items():
+        for stat, suffix in (("value", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
+            if figure[stat] is not None:  # undefined figures are left out, never NaN
+                metrics[f"calibration/{name}{suffix}"] = figure[stat]
+    params = {"threshold": result.threshold, "label_threshold": result.label_threshold,
+              "n_boot": result.n_boot, "seed": result.seed, "labels_digest": result.labels_digest,
+              "labels_source": source or "DataFrame", "judge": result.judge}
+    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+                     params=[Param(f"rag_eval.calibration.{k}", str(v)[:6000]) for k, v in params.items()])
+    client.log_dict(run_id, result.as_dict(), "rag_eval/calibration.json")
+    client.log_dict(run_id, result.rows.to_dict(orient="records"), "rag_eval/calibration_rows.json")
+    client.set_terminated(run_id)
+    return run_id

@@ -1,0 +1,201 @@
+"""The gate's checks, as pure functions of logged metrics, a paired comparison and calibrations.
+
+Each check is one row of the decision table: which metric, what kind of check, the value seen,
+the threshold, and whether it passed. A failed check carries a one-line reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mlflow_rag_eval.gate.policy import GatePolicy
+
+__all__ = ["Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the decision table."""
+
+    metric: str
+    kind: str  # required | min_scored_rows | max_error_rate | floor | ceiling | regression | calibration | judge
+    value: Any
+    threshold: Any
+    passed: bool
+    reason: str = ""  # why it failed (empty when it passed)
+    delta: float | None = None  # paired delta vs the champion (direction-adjusted), when compared
+    detail: str = ""  # CI and p of the delta, calibration figures...
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Check]:
+    """Required metrics present, scored rows, error rate, floors and ceilings, per gated metric."""
+    checks: list[Check] = []
+    logged = sorted({k.rsplit("/", 1)[0] for k in metrics if k.endswith("/n_scored")})
+    for metric in policy.gated_metrics:
+        n_scored = metrics.get(f"{metric}/n_scored")
+        if n_scored is None:
+            close = difflib.get_close_matches(metric, logged, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (logged: {', '.join(logged) or 'none'})"
+            checks.append(Check(metric, "required", "missing", "logged", False,
+                                f"{metric} was not logged by the evaluation{hint}"))
+            continue
+        n_scored = int(n_scored)
+        n_error = int(metrics.get(f"{metric}/n_error", 0))
+        ok = n_scored >= policy.min_scored_rows
+        checks.append(Check(metric, "min_scored_rows", n_scored, policy.min_scored_rows, ok,
+                            "" if ok else f"{metric}: {n_scored} scored rows < {policy.min_scored_rows}"))
+        if policy.max_error_rate is not None:
+            total = n_scored + n_error
+            rate = n_error / total if total else 0.0
+            ok = rate <= policy.max_error_rate
+            checks.append(Check(
+                metric, "max_error_rate", rate, policy.max_error_rate, ok,
+                "" if ok else f"{metric}: error rate {rate:.3f} ({n_error}/{total}) > {policy.max_error_rate:g}",
+            ))
+    for limits, kind in ((policy.floors, "floor"), (policy.ceilings, "ceiling")):
+        for key, threshold in limits.items():
+            metric, stat = key.rsplit("/", 1)
+            if f"{metric}/n_scored" not in metrics:
+                continue  # reported once, as a missing required metric
+            value = metrics.get(key)
+            if value is None:
+                checks.append(Check(metric, f"{kind} {stat}", None, threshold, False,
+                                    f"{key} was not logged (no row scored)"))
+                continue
+            ok = value >= threshold if kind == "floor" else value <= threshold
+            sign = "<" if kind == "floor" else ">"
+            checks.append(Check(metric, f"{kind} {stat}", value, threshold, ok,
+                                "" if ok else f"{key} = {value:.3f} {sign} {kind} {threshold:g}"))
+    return checks
+
+
+def paired_scores(a, b, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of ``metric`` on the rows both evaluations scored, paired as the comparison pairs
+    them (question + reference + occurrence; see :mod:`mlflow_rag_eval.comparison`)."""
+    keys_b = {k: i for i, k in enumerate(b.row_keys())}
+    pairs = [(i, keys_b[k]) for i, k in enumerate(a.row_keys()) if k in keys_b]
+    if not pairs:
+        return np.array([]), np.array([])
+    ia, ib = (np.array(p, dtype=int) for p in zip(*pairs))
+    sa = pd.to_numeric(a.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ia]
+    sb = pd.to_numeric(b.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ib]
+    both = ~np.isnan(sa) & ~np.isnan(sb)
+    return sa[both], sb[both]
+
+
+def bootstrap_ci(diff: np.ndarray, confidence: float, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of ``diff``; at 0.95 the same draws and numbers as
+    :func:`mlflow_rag_eval.comparison.paired_delta`."""
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy) -> Check:
+    """The paired regression rule (see :mod:`mlflow_rag_eval.gate.policy`).
+
+    ``delta`` is the comparison's :class:`~mlflow_rag_eval.comparison.MetricDelta` (or None
+    when the metric is not in both evaluations).
+    """
+    tolerance = policy.max_regression[metric]
+    test = policy.regression_test
+    if delta is None or delta.delta is None:
+        why = "not in both evaluations" if delta is None else "no row scored in both evaluations"
+        return Check(metric, "regression", None, -tolerance, False, f"{metric}: cannot test a regression: {why}")
+    sign = 1.0 if delta.greater_is_better else -1.0
+    sa, sb = paired_scores(champion, candidate, metric)
+    low, high = bootstrap_ci(sb - sa, test.confidence)
+    adjusted = sign * delta.delta
+    low, high = sorted((sign * low, sign * high))
+    decided = adjusted if test.decide_on == "point" else low
+    ok = decided >= -tolerance
+    pct = f"{test.confidence:.0%}"
+    p = "-" if delta.p_value is None else f"{delta.p_value:.3g}"
+    detail = (f"{pct} CI [{low:+.3f}, {high:+.3f}], Wilcoxon p={p}, n={delta.n_pairs} "
+              f"(champion {delta.mean_a:.3f} -> candidate {delta.mean_b:.3f})")
+    reason = ""
+    if not ok:
+        what = "paired delta" if test.decide_on == "point" else f"{pct} CI lower bound"
+        noise = "the CI excludes 0" if high < 0 else "the CI includes 0: the drop may be noise"
+        reason = (f"{metric} regressed: {what} {decided:+.3f} < -{tolerance:g} "
+                  f"({detail}; {noise})")
+    return Check(metric, "regression", decided, -tolerance, ok, reason, delta=adjusted, detail=detail)
+
+
+def display_name(key: str) -> str:
+    """``ndcg_at_10`` -> ``ndcg@10``: the metric name a key was made from."""
+    return re.sub(r"_at_(\d+)$", r"@\1", key)
+
+
+def is_judge_graded(key: str) -> bool:
+    """Whether a metric's scores come from the judge (its ``primitives``). Retrieval metrics
+    compare ids and need no calibration; names only an adapter or a rubric knows count as
+    judge-graded, the safe side."""
+    from mlflow_rag_eval.metrics import registered_metrics, resolve_metric
+
+    name = display_name(key)
+    base = name.split("@")[0]
+    if base not in registered_metrics():
+        return True
+    try:
+        return bool(resolve_metric(name).primitives)
+    except (ValueError, TypeError):
+        return True
+
+
+def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePolicy) -> Check:
+    """The judge's latest calibration on ``metric`` (an MLflow run, or None) against the policy."""
+    need = policy.calibration
+    threshold = f"rho >= {need.min_spearman:g}, n >= {need.min_labels}"
+    if run is None:
+        return Check(metric, "calibration", None, threshold, False,
+                     f"no calibration record for judge {judge_fingerprint} on {metric}")
+    figures = run.data.metrics
+    rho = figures.get("calibration/spearman")
+    n = int(figures.get("calibration/n_scored", 0))
+    detail = f"run {run.info.run_id}"
+    if rho is None or (isinstance(rho, float) and math.isnan(rho)):
+        return Check(metric, "calibration", None, threshold, False,
+                     f"calibration rho is undefined on {n} labels (constant scores or labels)", detail=detail)
+    low, high = figures.get("calibration/spearman_ci_low"), figures.get("calibration/spearman_ci_high")
+    if low is not None and high is not None:
+        detail += f", 95% CI [{low:.3f}, {high:.3f}]"
+    reasons = []
+    if rho < need.min_spearman:
+        reasons.append(f"calibration rho {rho:.2f} < {need.min_spearman:g} on {n} labels")
+    if n < need.min_labels:
+        reasons.append(f"calibration on {n} labels < min_labels {need.min_labels} (rho {rho:.2f})")
+    return Check(metric, "calibration", f"rho {rho:.3f} on {n}", threshold, not reasons,
+                 f"{metric}: " + "; ".join(reasons) if reasons else "", detail=detail)
+
+
+def table(checks: list[Check]) -> str:
+    """The checks as a fixed-width text table."""
+    head = f"{'metric':<22}{'check':<17}{'value':>14}{'threshold':>22}{'Δ vs champion':>15}  result"
+    lines = [head, "-" * len(head)]
+    for c in checks:
+        delta = "-" if c.delta is None else f"{c.delta:+.4f}"
+        lines.append(f"{c.metric:<22}{c.kind:<17}{_fmt(c.value):>14}{_fmt(c.threshold):>22}"
+                     f"{delta:>15}  {'ok' if c.passed else 'FAIL'}")
+    return "\n".join(lines)

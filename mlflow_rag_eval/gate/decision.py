@@ -1,0 +1,254 @@
+"""The promotion gate: judge a registered model version against a policy and the champion.
+
+Steps of :func:`gate`:
+
+1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.gate.lookup`): the
+   newest on the policy's ``dataset_digest``, else its newest; none -> exit 2;
+2. find the champion (the version holding ``champion_alias``); without one the candidate is
+   a first version, judged on required metrics, rows, error rate, floors/ceilings and
+   calibration only. The champion's evaluation must be on the candidate's dataset digest
+   (else exit 2); among those, one by the same judge is preferred;
+3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
+   changed") unless ``allow_judge_change``, which the decision then records;
+4. the checks: metric checks, the paired regression rule vs the champion, calibration;
+5. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
+   ``rag_eval/gate_decisions/``) and ``rag_eval.gate*`` tags on the candidate's evaluation run;
+   model-version tags ``rag_eval.gate`` (passed|failed), ``rag_eval.gate_run_id``,
+   ``rag_eval.gate_policy_sha256``, ``rag_eval.gate_decided_at``; on a pass, alias
+   ``previous_<alias>`` to the old champion, then ``<alias>`` to the candidate. On a fail the
+   aliases stay. Unusable input (exit 2) records nothing: no decision was made.
+
+Exit codes: 0 passed, 1 refused, 2 unusable input (bad policy, missing version or
+evaluation, dataset digest mismatch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow_rag_eval.gate import lookup
+from mlflow_rag_eval.gate.checks import (
+    Check,
+    calibration_check,
+    is_judge_graded,
+    metric_checks,
+    regression_check,
+    table,
+)
+from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
+
+__all__ = ["DECISION_FILE", "GateDecision", "gate"]
+
+DECISION_FILE = "rag_eval/gate_decision.json"
+DECISIONS_DIR = "rag_eval/gate_decisions"
+
+
+@dataclass
+class GateDecision:
+    """The outcome of :func:`gate`, as printed, logged and returned."""
+
+    model: str
+    candidate_version: str
+    passed: bool
+    exit_code: int  # 0 passed, 1 refused, 2 unusable input
+    reasons: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    champion_alias: str = "champion"
+    champion_version: str | None = None
+    candidate_run_id: str | None = None
+    champion_run_id: str | None = None
+    comparison: dict[str, Any] | None = None
+    policy_hash: str | None = None
+    policy: dict[str, Any] | None = None
+    allow_judge_change: bool = False
+    judge_fingerprints: dict[str, str | None] = field(default_factory=dict)
+    prompts_versions: dict[str, str | None] = field(default_factory=dict)
+    dataset_digest: str | None = None
+    decided_at: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return {0: "passed", 1: "failed"}.get(self.exit_code, "unusable input")
+
+    @property
+    def failed_checks(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["verdict"] = self.verdict
+        out["schema_version"] = 1
+        return out
+
+    def to_text(self) -> str:
+        champion = "none (first version)" if self.champion_version is None else (
+            f"v{self.champion_version} (alias {self.champion_alias!r}, run {self.champion_run_id})")
+        lines = [
+            f"GATE {self.verdict.upper()}: {self.model} v{self.candidate_version} (exit {self.exit_code})",
+            f"candidate run: {self.candidate_run_id or '-'}   champion: {champion}",
+            f"dataset digest: {self.dataset_digest or '-'}   judge: "
+            f"{self.judge_fingerprints.get('candidate') or '-'} ({self.prompts_versions.get('candidate') or '-'})"
+            + ("   allow_judge_change: yes" if self.allow_judge_change else ""),
+            f"policy sha256: {self.policy_hash or '-'}",
+        ]
+        if self.checks:
+            lines += ["", table(self.checks)]
+        details = [f"  {c.metric} {c.kind}: {c.detail}" for c in self.checks if c.detail]
+        if details:
+            lines += ["", "details:", *details]
+        if self.reasons:
+            lines += ["", "reasons:", *(f"  - {r}" for r in self.reasons)]
+        if self.notes:
+            lines += ["", "notes:", *(f"  - {n}" for n in self.notes)]
+        return "\n".join(lines)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | str | Path, *,
+         champion_alias: str = "champion", allow_judge_change: bool = False, client=None,
+         record: bool = True) -> GateDecision:
+    """Decide whether ``model`` version ``candidate_version`` may take ``champion_alias``.
+
+    See the module docstring for the steps and :mod:`mlflow_rag_eval.gate.policy` for the
+    regression rule. Never raises on bad input: the decision has ``exit_code`` 2 and a reason.
+
+    Args:
+        policy: a :class:`GatePolicy`, a mapping, or a YAML file path.
+        allow_judge_change: gate even if the judge or its prompts differ from the champion's
+            evaluation (recorded in the decision).
+        record: write the decision to MLflow and move aliases (False: a dry run).
+    """
+    import mlflow
+
+    client = client or mlflow.MlflowClient()
+    decision = GateDecision(model, str(candidate_version), False, 2, champion_alias=champion_alias,
+                            allow_judge_change=allow_judge_change, decided_at=_now())
+
+    def unusable(reason: str) -> GateDecision:
+        decision.reasons.append(reason)
+        return decision
+
+    try:
+        policy = load_policy(policy)
+    except PolicyError as exc:
+        return unusable(str(exc))
+    decision.policy, decision.policy_hash = policy.as_dict(), policy.policy_hash
+    if policy.model is not None and policy.model != model:
+        return unusable(f"the policy is for model {policy.model!r}, not {model!r}")
+    try:
+        mv = client.get_model_version(model, str(candidate_version))
+    except mlflow.exceptions.MlflowException as exc:
+        return unusable(f"model version {model} v{candidate_version} not found: {exc.message}")
+    candidate_runs = lookup.evaluation_runs(client, mv, policy.dataset_digest)
+    if not candidate_runs:
+        on = f" on dataset digest {policy.dataset_digest}" if policy.dataset_digest else ""
+        return unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
+                        f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
+    candidate_run = candidate_runs[0]
+    digest = candidate_run.data.tags.get("rag_eval.dataset_digest")
+    decision.candidate_run_id, decision.dataset_digest = candidate_run.info.run_id, digest
+
+    champion = lookup.champion_version(client, model, champion_alias)
+    if champion is not None and str(champion.version) == str(mv.version):
+        decision.notes.append(f"v{mv.version} already holds alias {champion_alias!r}: no champion to compare with")
+        champion = None
+    champion_run = None
+    if champion is not None:
+        decision.champion_version = str(champion.version)
+        runs = lookup.evaluation_runs(client, champion, digest)
+        if not runs:
+            others = {r.data.tags.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
+            return unusable(
+                f"dataset digest mismatch: the champion v{champion.version} has no evaluation on the "
+                f"candidate's dataset {digest} (its evaluations: {sorted(d for d in others if d) or 'none'}); "
+                "evaluate both on the same golden set")
+        fp = candidate_run.data.params.get("rag_eval.judge_fingerprint")
+        same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
+        champion_run = (same_judge or runs)[0]
+        decision.champion_run_id = champion_run.info.run_id
+    else:
+        decision.notes.append(f"no champion under alias {champion_alias!r}: judged on required metrics, "
+                              "rows, error rate, floors/ceilings and calibration only")
+
+    from mlflow_rag_eval.comparison import NotComparable, compare_evaluations, load_evaluation
+
+    try:
+        candidate = load_evaluation(candidate_run.info.run_id, client)
+        champion_eval = load_evaluation(champion_run.info.run_id, client) if champion_run else None
+    except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
+        return unusable(f"cannot read an evaluation run: {exc}")
+    identity = candidate.identity
+    decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
+    decision.prompts_versions["candidate"] = identity["prompts version"]
+    checks = metric_checks(candidate_run.data.metrics, policy)
+
+    if champion_eval is not None:
+        champ = champion_eval.identity
+        decision.judge_fingerprints["champion"] = champ["judge fingerprint"]
+        decision.prompts_versions["champion"] = champ["prompts version"]
+        changed = [f"{what} {champ[what]} -> {identity[what]}" for what in ("judge fingerprint", "prompts version")
+                   if champ[what] != identity[what]]
+        if changed and not allow_judge_change:
+            checks.append(Check("*", "judge", identity["judge fingerprint"], champ["judge fingerprint"], False,
+                                f"judge changed since the champion's evaluation ({'; '.join(changed)}): "
+                                "scores are not comparable; re-evaluate the champion with this judge, "
+                                "or pass allow_judge_change / --allow-judge-change"))
+        else:
+            if changed:
+                decision.notes.append(f"judge changed ({'; '.join(changed)}), allowed by the caller: "
+                                      "deltas may come from the judge, not the pipeline")
+            comparison = compare_evaluations(champion_eval, candidate, allow_judge_change=allow_judge_change)
+            decision.comparison = comparison.as_dict()
+            by_metric = {d.metric: d for d in comparison.deltas}
+            checks += [regression_check(m, champion_eval, candidate, by_metric.get(m), policy)
+                       for m in policy.max_regression]
+            adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
+                        for d in comparison.deltas if d.delta is not None}
+            checks = [c if c.delta is not None or c.metric not in adjusted
+                      else dataclasses.replace(c, delta=adjusted[c.metric]) for c in checks]
+
+    if policy.calibration.required:
+        fp, prompts = identity["judge fingerprint"], identity["prompts version"]
+        for metric in policy.gated_metrics:
+            if is_judge_graded(metric):
+                run = lookup.find_calibration(client, metric, fp, prompts) if fp and prompts else None
+                checks.append(calibration_check(metric, run, fp, policy))
+
+    order = {m: i for i, m in enumerate(["*", *policy.gated_metrics])}
+    decision.checks = sorted(checks, key=lambda c: order.get(c.metric, len(order)))  # stable: by metric
+    decision.reasons = [c.reason for c in decision.checks if not c.passed]
+    decision.passed = not decision.reasons
+    decision.exit_code = 0 if decision.passed else 1
+    if record:
+        _record(client, decision, champion)
+    return decision
+
+
+def _record(client, decision: GateDecision, champion) -> None:
+    run_id, payload = decision.candidate_run_id, decision.as_dict()
+    stamp = re.sub(r"[^0-9A-Za-z]", "", decision.decided_at)
+    name = re.sub(r"[^0-9A-Za-z_.-]", "_", decision.model)
+    client.log_dict(run_id, payload, DECISION_FILE)
+    client.log_dict(run_id, payload, f"{DECISIONS_DIR}/{stamp}_{name}_v{decision.candidate_version}.json")
+    for key, value in {"rag_eval.gate": decision.verdict, "rag_eval.gate.model": decision.model,
+                       "rag_eval.gate.version": decision.candidate_version,
+                       "rag_eval.gate.decided_at": decision.decided_at}.items():
+        client.set_tag(run_id, key, value)
+    for key, value in {"rag_eval.gate": decision.verdict, "rag_eval.gate_run_id": run_id,
+                       "rag_eval.gate_policy_sha256": decision.policy_hash,
+                       "rag_eval.gate_decided_at": decision.decided_at}.items():
+        client.set_model_version_tag(decision.model, decision.candidate_version, key, value)
+    if decision.passed:
+        if champion is not None:
+            client.set_registered_model_alias(decision.model, f"previous_{decision.champion_alias}",
+                                              str(champion.version))
+        client.set_registered_model_alias(decision.model, decision.champion_alias, decision.candidate_version)

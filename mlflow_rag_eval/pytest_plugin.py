@@ -1,0 +1,121 @@
+"""pytest plugin: gate a model version, or a run's metrics, from a test suite.
+
+Registered through the ``pytest11`` entry point, so it loads in every pytest session of an
+environment where the package is installed: it imports nothing heavy until used.
+
+Option ``--rag-gate-policy PATH`` (or ini ``rag_gate_policy``) names the policy; fixtures:
+
+- ``rag_gate_policy``: the parsed :class:`~mlflow_rag_eval.gate.GatePolicy` (fails the test
+  when no policy is configured: a gate that silently skips is no gate);
+- ``rag_gate``: ``rag_gate(model, version, policy=None, *, record=False, **gate_kwargs)``
+  runs :func:`~mlflow_rag_eval.gate.gate`, as a dry run by default (tests should not move
+  aliases unless asked to).
+
+Assertion helpers, usable without the plugin::
+
+    from mlflow_rag_eval.pytest_plugin import assert_gate_passes, assert_metrics_meet
+
+    def test_candidate_meets_the_gate(rag_gate):
+        assert_gate_passes(rag_gate("rag-pipeline", os.environ["CANDIDATE_VERSION"]))
+
+    def test_eval_meets_floors(rag_gate_policy):
+        result = mlflow.models.evaluate(..., model_type="rag", evaluators="rag")
+        assert_metrics_meet(result, rag_gate_policy)   # a run id or a metrics dict work too
+
+Both fail with one line per failed check: metric, check, value, threshold, delta vs champion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+__all__ = ["assert_gate_passes", "assert_metrics_meet"]
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("rag-eval", "mlflow-rag-eval promotion gate")
+    group.addoption("--rag-gate-policy", default=None, metavar="PATH",
+                    help="gate policy YAML for the rag_gate / rag_gate_policy fixtures")
+    parser.addini("rag_gate_policy", "gate policy YAML for the rag_gate fixtures", default=None)
+
+
+@pytest.fixture
+def rag_gate_policy(request):
+    """The gate policy named by ``--rag-gate-policy`` or the ``rag_gate_policy`` ini value."""
+    from mlflow_rag_eval.gate import load_policy
+
+    path = request.config.getoption("--rag-gate-policy") or request.config.getini("rag_gate_policy")
+    if not path:
+        pytest.fail("no gate policy: pass --rag-gate-policy PATH or set rag_gate_policy in the ini file",
+                    pytrace=False)
+    return load_policy(path)
+
+
+@pytest.fixture
+def rag_gate(request):
+    """A function running the gate with the configured policy (a dry run unless record=True)."""
+    from mlflow_rag_eval.gate import gate
+
+    def run(model: str, version: str | int, policy=None, *, record: bool = False, **kwargs):
+        if policy is None:
+            policy = request.getfixturevalue("rag_gate_policy")
+        return gate(model, version, policy, record=record, **kwargs)
+
+    return run
+
+
+def _lines(checks) -> list[str]:
+    head = f"  {'metric':<20} {'check':<16} {'value':>12} {'threshold':>22} {'Δ vs champion':>14}"
+    out = [head]
+    for c in checks:
+        value = "-" if c.value is None else (f"{c.value:.4f}" if isinstance(c.value, float) else str(c.value))
+        threshold = c.threshold if not isinstance(c.threshold, float) else f"{c.threshold:.4f}"
+        delta = "-" if c.delta is None else f"{c.delta:+.4f}"
+        out.append(f"  {c.metric:<20} {c.kind:<16} {value:>12} {threshold!s:>22} {delta:>14}")
+        if c.reason:
+            out.append(f"      -> {c.reason}")
+    return out
+
+
+def assert_gate_passes(decision) -> None:
+    """Fail with the failed checks (and the reasons) unless the gate decision passed."""
+    __tracebackhide__ = True
+    if decision.passed:
+        return
+    lines = [f"RAG gate {decision.verdict} for {decision.model} v{decision.candidate_version} "
+             f"(exit {decision.exit_code}, {len(decision.failed_checks)} of {len(decision.checks)} checks failed)"]
+    if decision.failed_checks:
+        lines += _lines(decision.failed_checks)
+    other = [r for r in decision.reasons if r not in {c.reason for c in decision.failed_checks}]
+    lines += [f"  {r}" for r in other]
+    raise AssertionError("\n".join(lines))
+
+
+def _metrics_of(source: Any, client=None) -> dict[str, float]:
+    if isinstance(source, str):
+        import mlflow
+
+        return dict((client or mlflow.MlflowClient()).get_run(source).data.metrics)
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(getattr(source, "metrics", None), Mapping):  # mlflow.models.EvaluationResult
+        return dict(source.metrics)
+    raise TypeError(f"expected a run id, a metrics mapping or an evaluation result, got {type(source).__name__}")
+
+
+def assert_metrics_meet(run_id_or_metrics: Any, policy, *, client=None) -> None:
+    """Fail unless the metrics meet the policy's required metrics, row counts, error rate,
+    floors and ceilings (no champion, no calibration: those need :func:`gate`)."""
+    __tracebackhide__ = True
+    from mlflow_rag_eval.gate import load_policy
+    from mlflow_rag_eval.gate.checks import metric_checks
+
+    checks = metric_checks(_metrics_of(run_id_or_metrics, client), load_policy(policy))
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        raise AssertionError("\n".join(
+            [f"metrics do not meet the gate policy ({len(failed)} of {len(checks)} checks failed)"]
+            + _lines(failed)))

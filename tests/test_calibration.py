@@ -1,0 +1,129 @@
+"""Judge calibration against human labels: figures, bootstrap CIs, logging, the gate's lookup."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from scipy.stats import kendalltau, spearmanr
+from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
+
+from mlflow_rag_eval.cli import main
+from mlflow_rag_eval.gate import calibrate, load_labels
+from mlflow_rag_eval.gate.calibration import FIGURES, agreement
+from mlflow_rag_eval.gate.lookup import find_calibration
+
+FACTS = [f"The museum on Elm Street {i} opens at {8 + i % 4} am and closes at {16 + i % 5} pm." for i in range(10)]
+
+
+def _synthetic(seed: int = 3, n: int = 80) -> tuple[np.ndarray, np.ndarray]:
+    """Binary labels and scores that agree with them, noisily, with ties."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, n).astype(float)
+    scores = np.clip(np.round(0.3 + 0.4 * labels + rng.normal(0, 0.25, n), 1), 0, 1)
+    return scores, labels
+
+
+def test_figures_match_scipy_and_sklearn():
+    scores, labels = _synthetic()
+    figures = agreement(scores, labels, threshold=0.5, n_boot=300, seed=1)
+    s_bin, y_bin = (scores >= 0.5).astype(int), labels.astype(int)
+    expected = {
+        "spearman": spearmanr(scores, labels).statistic,
+        "kendall_tau": kendalltau(scores, labels).statistic,
+        "cohen_kappa": cohen_kappa_score(y_bin, s_bin),
+        "accuracy": accuracy_score(y_bin, s_bin),
+        "balanced_accuracy": balanced_accuracy_score(y_bin, s_bin),
+        "auroc": roc_auc_score(y_bin, scores),
+    }
+    assert list(figures) == list(FIGURES)
+    for name, value in expected.items():
+        figure = figures[name]
+        assert figure["value"] == pytest.approx(value, abs=1e-12), name
+        assert figure["ci_low"] <= figure["value"] <= figure["ci_high"], name
+        assert figure["ci_high"] - figure["ci_low"] < 0.5, name
+    assert agreement(scores, labels, n_boot=300, seed=1) == figures  # seeded
+
+    # graded labels: rank figures against the labels, decisions binarised at label_threshold,
+    # no AUROC (it needs 0/1 labels)
+    graded = np.clip(labels * 0.8 + 0.1 + scores * 0.1, 0, 1)
+    figures = agreement(scores, graded, threshold=0.6, label_threshold=0.7, n_boot=100)
+    assert figures["spearman"]["value"] == pytest.approx(spearmanr(scores, graded).statistic)
+    assert figures["cohen_kappa"]["value"] == pytest.approx(cohen_kappa_score(graded >= 0.7, scores >= 0.6))
+    assert figures["auroc"] == {"value": None, "ci_low": None, "ci_high": None}
+    # constant scores: rank figures are undefined, not NaN
+    flat = agreement(np.full(20, 0.5), labels[:20], n_boot=50)
+    assert flat["spearman"]["value"] is None and flat["auroc"]["value"] == 0.5
+
+
+def _labels_frame() -> pd.DataFrame:
+    rows = []
+    for i, fact in enumerate(FACTS):
+        rows.append({"id": f"{i}-ok", "answer": fact, "context": fact, "label": 1})
+        wrong = fact.replace(f"at {8 + i % 4} am", f"at {50 + i} am")
+        rows.append({"id": f"{i}-bad", "answer": wrong, "context": fact, "label": 0})
+    return pd.DataFrame(rows)
+
+
+def test_calibrate_logs_a_run_the_gate_finds(tracking_uri, local_judge, tmp_path):
+    path = tmp_path / "human.jsonl"
+    _labels_frame().to_json(path, orient="records", lines=True)
+    result = calibrate(path, "faithfulness", local_judge, n_boot=200, experiment="calib")
+    assert (result.n_labels, result.n_scored, result.n_error, result.n_skipped) == (20, 20, 0, 0)
+    assert result.metric == "faithfulness" and result.binary_labels
+    rows = result.rows
+    assert rows["score"].between(0, 1).all()
+    expected = agreement(rows["score"].to_numpy(float), rows["label"].to_numpy(float), n_boot=200)
+    assert result.figures == expected
+    assert result.spearman > 0.8 and result.figures["auroc"]["value"] > 0.9
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert run.data.tags["rag_eval.calibration"] == "true"
+    assert run.data.tags["rag_eval.calibration.metric"] == "faithfulness"
+    judge = local_judge.info()
+    assert run.data.tags["rag_eval.judge_fingerprint"] == judge.fingerprint
+    assert run.data.tags["rag_eval.prompts_version"] == judge.prompts_version
+    assert run.data.metrics["calibration/spearman"] == pytest.approx(result.spearman)
+    assert run.data.metrics["calibration/n_labels"] == 20
+    assert run.data.metrics["calibration/spearman_ci_low"] <= result.spearman
+    assert client.get_experiment(run.info.experiment_id).name == "calib"
+    logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/rag_eval/calibration.json"))
+    assert logged["figures"]["kendall_tau"] == result.figures["kendall_tau"]
+    per_row = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/rag_eval/calibration_rows.json"))
+    assert [r["id"] for r in per_row[:2]] == ["0-ok", "0-bad"]
+
+    assert find_calibration(client, "faithfulness", judge.fingerprint, judge.prompts_version).info.run_id == result.run_id
+    assert find_calibration(client, "faithfulness", "0000000000000000", judge.prompts_version) is None
+    assert find_calibration(client, "context_recall", judge.fingerprint, judge.prompts_version) is None
+
+    # CSV with a JSON list of contexts; the CLI prints the figures with CIs and logs a newer run
+    csv = tmp_path / "human.csv"
+    frame = _labels_frame().rename(columns={"context": "contexts"})
+    frame["contexts"] = [json.dumps([c]) for c in frame["contexts"]]
+    frame.to_csv(csv, index=False)
+    assert load_labels(csv)["contexts"][0] == [FACTS[0]]
+    out = CliRunner().invoke(main, ["calibrate", "--labels", str(csv), "--limit", "12", "--n-boot", "100",
+                                    "--tracking-uri", tracking_uri])
+    assert out.exit_code == 0, out.output
+    assert "labels: 12" in out.output and "spearman" in out.output and "auroc" in out.output
+    newest = find_calibration(client, "faithfulness", judge.fingerprint, judge.prompts_version)
+    assert newest.info.run_id != result.run_id and newest.data.metrics["calibration/n_labels"] == 12
+
+
+def test_bad_labels_are_refused_before_any_judging(tmp_path):
+    frame = _labels_frame()
+    frame["label"] = frame["label"].astype(float)
+    frame.loc[3, "label"] = 1.5
+    with pytest.raises(ValueError, match="row 3, column 'label'"):
+        calibrate(frame, log=False)
+    with pytest.raises(ValueError, match="required column 'label'"):
+        load_labels(frame.drop(columns=["label"]))
+    bad = tmp_path / "bad.jsonl"
+    frame.drop(columns=["answer"]).to_json(bad, orient="records", lines=True)
+    out = CliRunner().invoke(main, ["calibrate", "--labels", str(bad), "--no-log"])
+    assert out.exit_code == 2 and "required column 'answer'" in out.output
