@@ -1,8 +1,8 @@
 """A loopback OpenAI-compatible judge server for tests and benchmarks, shipped in the package.
 
 :class:`FakeJudgeServer` answers ``/v1/chat/completions`` with valid JSON for each of the
-package's prompt templates (found by the ``response_format`` schema name), after a fixed
-latency. It exercises the real HTTP path (``openai:/...?base_url=...``) without a model: use
+package's prompt templates (found by the ``response_format`` schema name), and a minimal
+schema-valid value for any other schema (ragas' and deepeval's prompts), after a fixed latency. It exercises the real HTTP path (``openai:/...?base_url=...``) without a model: use
 it to test wiring, timing and accounting, never to claim quality. It binds 127.0.0.1 only.
 """
 
@@ -17,6 +17,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 __all__ = ["FakeJudgeServer"]
 
 _INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
+
+
+def instance_of(schema: dict, defs: dict | None = None) -> object:
+    """A minimal value valid for a JSON schema: first enum value, one array item, every
+    property. Enough for other libraries' prompts (ragas, deepeval) to parse; says nothing."""
+    defs = defs if defs is not None else schema.get("$defs", {})
+    if "$ref" in schema:
+        return instance_of(defs[schema["$ref"].split("/")[-1]], defs)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            options = [o for o in schema[key] if o.get("type") != "null"] or schema[key]
+            return instance_of(options[0], defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        return {k: instance_of(v, defs) for k, v in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [instance_of(schema.get("items", {}), defs)] * max(1, schema.get("minItems", 1))
+    return {"string": "yes", "boolean": True, "integer": 1, "number": 1.0, "null": None}.get(kind, "yes")
 
 
 def _reply_for(schema_name: str, prompt: str) -> dict:
@@ -39,7 +61,7 @@ def _reply_for(schema_name: str, prompt: str) -> dict:
         return {"claims": ["Claim one.", "Claim two."]}
     if schema_name == "is_abstention":
         return {"abstains": False, "reason": "answers"}
-    raise ValueError(schema_name)
+    raise KeyError(schema_name)
 
 
 class FakeJudgeServer:
@@ -66,7 +88,10 @@ class FakeJudgeServer:
                 prompt = "\n".join(m["content"] for m in body["messages"])
                 fmt = body.get("response_format") or {}
                 name = fmt.get("json_schema", {}).get("name", "")
-                text = json.dumps(_reply_for(name, prompt))
+                try:
+                    text = json.dumps(_reply_for(name, prompt))
+                except KeyError:  # another library's prompt: any schema-valid reply
+                    text = json.dumps(instance_of(fmt.get("json_schema", {}).get("schema") or {}))
                 payload = {
                     "id": "bench", "object": "chat.completion", "model": server.model,
                     "choices": [{"index": 0, "finish_reason": "stop",

@@ -48,7 +48,7 @@ from mlflow_rag_eval.judges.base import (
 from mlflow_rag_eval.judges.cache import JudgeCache
 from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_path
 from mlflow_rag_eval.judges.chat import ChatBackend, ChatReply, ChatRequest, PermanentError, TransientError
-from mlflow_rag_eval.judges.parsing import ReplyParseError, extract_json, parse_reply
+from mlflow_rag_eval.judges.parsing import ReplyParseError, extract_json, inline_refs, parse_reply
 from mlflow_rag_eval.judges.prompts import PROMPTS, PROMPTS_VERSION, data_block, passages_block, render
 
 __all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]
@@ -266,7 +266,7 @@ class LLMJudge(Judge):
         """A validated reply for one template, or a JudgeFailure (returned, not raised)."""
         template = PROMPTS[template_id]
         messages = render(template, **blocks)
-        schema = template.schema.model_json_schema()
+        schema = inline_refs(template.schema.model_json_schema())
         self.usage_.add(templates=template.ref)
         key = self._cache_key(template, messages, schema)
         cached = self.cache.get(key)
@@ -372,6 +372,7 @@ class LLMJudge(Judge):
         our own templates, and an invalid reply is never cached. Raises JudgeFailure.
         """
         ref = f"external:{source}"
+        schema = inline_refs(schema) if schema is not None else None
         self.usage_.add(templates=ref)
         key = JudgeCache.make_key(
             backend=self.backend.identity(), base_url=self.backend.base_url,

@@ -13,7 +13,7 @@ import re
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ReplyParseError", "extract_json", "parse_reply"]
+__all__ = ["ReplyParseError", "extract_json", "inline_refs", "parse_reply"]
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
@@ -86,3 +86,28 @@ def parse_reply(text: str, schema: type[BaseModel]) -> BaseModel:
             f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()[:5]
         )
         raise ReplyParseError(f"reply does not match the schema: {problems}") from None
+
+
+def inline_refs(schema: dict) -> dict:
+    """``schema`` with every local ``$ref`` (``#/$defs/X``) replaced by its definition.
+
+    Pydantic puts nested models under ``$defs``; grammar-constrained servers (llama.cpp) do
+    not all follow references, and then constrain nothing. Recursive models are left as refs.
+    """
+    defs = schema.get("$defs", {})
+
+    def resolve(node, seen: tuple[str, ...]):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref.split("/")[-1]
+                if name in seen or name not in defs:
+                    return node
+                merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+                return resolve(merged, seen + (name,))
+            return {k: resolve(v, seen) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v, seen) for v in node]
+        return node
+
+    return resolve(schema, ())
