@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, register_metric
-from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.metrics.generation import _each_applicable, _failed, reference_not_applicable
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["AnswerCorrectness"]
@@ -37,11 +37,7 @@ class AnswerCorrectness(Metric):
             raise ValueError(f"answer_correctness mode must be one of {MODES}, got {self.mode!r}")
 
     def not_applicable(self, record):
-        if not record.reference:
-            return "no reference answer"
-        if not record.answerable:
-            return "row is marked unanswerable"
-        return None
+        return reference_not_applicable(record)
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)

@@ -71,6 +71,35 @@ def _claim_support(
     return out
 
 
+def _rate_passages(
+    judge: Judge, records, rows: list[int], reference_of: Callable[[RagRecord], str | None],
+    score: Callable[[RagRecord, list], RowResult],
+) -> dict[int, RowResult]:
+    """Rate every passage of each row in one judge call per row; a row with no passage
+    scores 0, a failed call is the row's named error, else ``score(record, verdicts)``."""
+    out: dict[int, RowResult] = {}
+    with_ctx = [i for i in rows if records[i].contexts]
+    for i in rows:
+        if not records[i].contexts:
+            out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
+    rated = judge.rate_relevance(
+        [RelevanceItem(records[i].question, records[i].context_texts, reference=reference_of(records[i]))
+         for i in with_ctx]
+    )
+    for i, outcome in zip(with_ctx, rated):
+        out[i] = _failed(outcome) if isinstance(outcome, JudgeFailure) else score(records[i], outcome)
+    return out
+
+
+def reference_not_applicable(record: RagRecord) -> str | None:
+    """Why a metric judged against the reference cannot score a row, or None."""
+    if not record.reference:
+        return "no reference answer"
+    if not record.answerable:
+        return "row is marked unanswerable"
+    return None
+
+
 @register_metric
 @dataclass(frozen=True)
 class Faithfulness(Metric):
@@ -111,11 +140,7 @@ class ContextRecall(Metric):
     primitives = ("extract_and_verify",)
 
     def not_applicable(self, record):
-        if not record.reference:
-            return "no reference answer"
-        if not record.answerable:
-            return "row is marked unanswerable"
-        return None
+        return reference_not_applicable(record)
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
@@ -143,30 +168,17 @@ class ContextRelevance(Metric):
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
 
-        def score(rows):
-            out = {}
-            with_ctx = [i for i in rows if records[i].contexts]
-            for i in rows:
-                if not records[i].contexts:
-                    out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
-            rated = judge.rate_relevance(
-                [RelevanceItem(records[i].question, records[i].context_texts) for i in with_ctx]
+        def share(record, verdicts):
+            n_rel = sum(v.value for v in verdicts)
+            return RowResult.scored(
+                n_rel / len(verdicts),
+                f"{n_rel} of {len(verdicts)} retrieved passages are relevant to the question",
+                passages=[{"id": c.id, **v.as_dict()} for c, v in zip(record.contexts, verdicts)],
             )
-            for i, outcome in zip(with_ctx, rated):
-                if isinstance(outcome, JudgeFailure):
-                    out[i] = _failed(outcome)
-                    continue
-                n_rel = sum(v.value for v in outcome)
-                out[i] = RowResult.scored(
-                    n_rel / len(outcome),
-                    f"{n_rel} of {len(outcome)} retrieved passages are relevant to the question",
-                    passages=[
-                        {"id": c.id, **v.as_dict()} for c, v in zip(records[i].contexts, outcome)
-                    ],
-                )
-            return out
 
-        return _each_applicable(self, records, score)
+        return _each_applicable(
+            self, records, lambda rows: _rate_passages(judge, records, rows, lambda r: None, share)
+        )
 
 
 @register_metric
@@ -264,37 +276,22 @@ class ContextPrecision(Metric):
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
 
-        def score(rows):
-            out = {}
-            with_ctx = [i for i in rows if records[i].contexts]
-            for i in rows:
-                if not records[i].contexts:
-                    out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
-            rated = judge.rate_relevance(
-                [
-                    RelevanceItem(
-                        records[i].question,
-                        records[i].context_texts,
-                        reference=records[i].reference or records[i].answer or None,
-                    )
-                    for i in with_ctx
-                ]
+        def precision(record, verdicts):
+            useful = np.array([bool(v.value) for v in verdicts], dtype=float)
+            hits = useful.sum()
+            ranks = np.arange(1, len(useful) + 1)
+            value = float((np.cumsum(useful) / ranks * useful).sum() / hits) if hits else 0.0
+            positions = [k + 1 for k, u in enumerate(useful) if u]
+            return RowResult.scored(
+                value,
+                f"useful passages at rank(s) {positions} of {len(useful)}" if positions
+                else f"none of the {len(useful)} passages is useful",
+                passages=[{"id": c.id, **v.as_dict()} for c, v in zip(record.contexts, verdicts)],
             )
-            for i, outcome in zip(with_ctx, rated):
-                if isinstance(outcome, JudgeFailure):
-                    out[i] = _failed(outcome)
-                    continue
-                useful = np.array([bool(v.value) for v in outcome], dtype=float)
-                hits = useful.sum()
-                ranks = np.arange(1, len(useful) + 1)
-                value = float((np.cumsum(useful) / ranks * useful).sum() / hits) if hits else 0.0
-                positions = [k + 1 for k, u in enumerate(useful) if u]
-                out[i] = RowResult.scored(
-                    value,
-                    f"useful passages at rank(s) {positions} of {len(useful)}" if positions
-                    else f"none of the {len(useful)} passages is useful",
-                    passages=[{"id": c.id, **v.as_dict()} for c, v in zip(records[i].contexts, outcome)],
-                )
-            return out
 
-        return _each_applicable(self, records, score)
+        def reference_of(record):
+            return record.reference or record.answer or None
+
+        return _each_applicable(
+            self, records, lambda rows: _rate_passages(judge, records, rows, reference_of, precision)
+        )
