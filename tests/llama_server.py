@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest
-from mlflow_rag_eval.judges.openai_compat import OpenAICompatBackend
 
 __all__ = ["LlamaServer", "RecordingBackend", "free_port",
            "gguf_path", "llama_server"]

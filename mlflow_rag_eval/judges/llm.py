@@ -25,11 +25,9 @@ import json
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields, replace
-from importlib import resources
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -50,8 +48,9 @@ from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_p
 from mlflow_rag_eval.judges.chat import ChatBackend, ChatReply, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.parsing import ReplyParseError, extract_json, inline_refs, parse_reply
 from mlflow_rag_eval.judges.prompts import PROMPTS, PROMPTS_VERSION, data_block, passages_block, render
+from mlflow_rag_eval.judges.usage import Usage, load_price_table
 
-__all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]
+__all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]  # the last two from .usage
 
 
 @dataclass(frozen=True)
@@ -80,52 +79,6 @@ class LLMSettings:
         if self.seed is not None:
             params["seed"] = self.seed
         return params
-
-
-def load_price_table() -> dict[str, Any]:
-    """The shipped price table (USD per million tokens) with the date its prices were taken."""
-    return json.loads(resources.files("mlflow_rag_eval.judges").joinpath("prices.json").read_text())
-
-
-@dataclass
-class Usage:
-    """Running totals of what a judge spent; thread-safe."""
-
-    provider_calls: int = 0
-    cache_hits: int = 0
-    retries: int = 0
-    repair_retries: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float = 0.0
-    latency_s: float = 0.0
-    errors: Counter = field(default_factory=Counter)
-    models: Counter = field(default_factory=Counter)
-    system_fingerprints: Counter = field(default_factory=Counter)
-    templates: Counter = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas: Any) -> None:
-        with self._lock:
-            for name, value in deltas.items():
-                current = getattr(self, name)
-                if isinstance(current, Counter):
-                    if value:
-                        current[value] += 1
-                else:
-                    setattr(self, name, current + value)
-
-    def as_dict(self) -> dict[str, Any]:
-        with self._lock:
-            out = {
-                f.name: dict(getattr(self, f.name)) if isinstance(getattr(self, f.name), Counter)
-                else getattr(self, f.name)
-                for f in fields(self)
-                if not f.name.startswith("_")
-            }
-        out["cost_usd"] = round(out["cost_usd"], 6)
-        out["latency_s"] = round(out["latency_s"], 3)
-        return out
 
 
 class LLMJudge(Judge):

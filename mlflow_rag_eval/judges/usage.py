@@ -1,0 +1,58 @@
+"""What an LLM judge spent: running totals for lineage, and the shipped price table."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from typing import Any
+
+__all__ = ["Usage", "load_price_table"]
+
+
+def load_price_table() -> dict[str, Any]:
+    """The shipped price table (USD per million tokens) with the date its prices were taken."""
+    return json.loads(resources.files("mlflow_rag_eval.judges").joinpath("prices.json").read_text())
+
+
+@dataclass
+class Usage:
+    """Running totals of what a judge spent; thread-safe."""
+
+    provider_calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    repair_retries: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    errors: Counter = field(default_factory=Counter)
+    models: Counter = field(default_factory=Counter)
+    system_fingerprints: Counter = field(default_factory=Counter)
+    templates: Counter = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: Any) -> None:
+        with self._lock:
+            for name, value in deltas.items():
+                current = getattr(self, name)
+                if isinstance(current, Counter):
+                    if value:
+                        current[value] += 1
+                else:
+                    setattr(self, name, current + value)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            out = {
+                f.name: dict(getattr(self, f.name)) if isinstance(getattr(self, f.name), Counter)
+                else getattr(self, f.name)
+                for f in fields(self)
+                if not f.name.startswith("_")
+            }
+        out["cost_usd"] = round(out["cost_usd"], 6)
+        out["latency_s"] = round(out["latency_s"], 3)
+        return out
