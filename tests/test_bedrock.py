@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-boto3 = pytest.importorskip("boto3")
+import boto3  # noqa: E402  (a core dependency)
 from botocore.stub import Stubber  # noqa: E402
 
 from mlflow_rag_eval.judges.bedrock import BedrockBackend, parse_bedrock_target  # noqa: E402

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip("ragas")
+import ragas  # noqa: E402,F401  (a dev dependency: a missing install must fail, not skip)
 
 from mlflow_rag_eval.engine import evaluate_records  # noqa: E402
 from mlflow_rag_eval.integrations.ragas_adapter import (  # noqa: E402
