@@ -61,10 +61,7 @@ import json  # noqa: E402
 import pstats  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
-import signal  # noqa: E402
 import statistics  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter, defaultdict  # noqa: E402
@@ -83,6 +80,7 @@ from mlflow_rag_eval.integrations.mlflow_logging import TABLE_FILE, lineage, log
 from mlflow_rag_eval.judges import JudgeInfo  # noqa: E402
 from mlflow_rag_eval.records import Context, RagRecord  # noqa: E402
 from mlflow_rag_eval.results import MetricResult, RowResult  # noqa: E402
+from mlflow_rag_eval.testing import mlflow_server  # noqa: E402
 
 RETRIEVAL_METRICS = ["hit@5", "precision@5", "recall@5", "mrr", "map", "ndcg@10"]
 TARGET_S = 5.0
@@ -328,59 +326,6 @@ def _fmt(counter: Counter) -> str:
 # --------------------------------------------------------------------------- server
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def mlflow_server(home: Path, timeout_s: float = 60.0):
-    """A loopback ``mlflow server`` (sqlite, proxied artifacts), its process group always stopped."""
-    port = free_port()
-    env = {**os.environ, "HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    log_path = home / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'server.db'}",
-             "--artifacts-destination", str(home / "server-artifacts")],
-            cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server not healthy in {timeout_s:g}s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # workers may outlive the CLI by a moment
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 # --------------------------------------------------------------------------- timing
 
 
@@ -543,7 +488,8 @@ def main() -> None:
             args,
         )
         if args.server:
-            with mlflow_server(home) as url:
+            (home / "server").mkdir()
+            with mlflow_server(home / "server") as (url, _):
                 bench_store(f"loopback mlflow server ({url}, proxied artifacts)", url, None, result, args)
 
 

@@ -4,17 +4,22 @@
 package's prompt templates (found by the ``response_format`` schema name), and a minimal
 schema-valid value for any other schema (ragas' and deepeval's prompts), after a fixed latency. It exercises the real HTTP path (``openai:/...?base_url=...``) without a model: use
 it to test wiring, timing and accounting, never to claim quality. It binds 127.0.0.1 only.
+
+:func:`serve` runs a real server command (``mlflow server``, the MLflow gateway,
+``llama_cpp.server``) in its own process group until its health URL answers, and always stops
+the whole group; :func:`mlflow_server` is that for a loopback tracking server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["FakeJudgeServer"]
+__all__ = ["FakeJudgeServer", "free_port", "mlflow_server", "serve", "stop_process_group"]
 
 _INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
 
@@ -123,3 +128,96 @@ class FakeJudgeServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- real servers on loopback, for tests and benchmarks -----------------------------------------
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process_group(proc, grace_s: float = 15.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it spawned
+    (uvicorn/gunicorn workers, job runners): TERM the group, then KILL what is left."""
+    import os
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    deadline = time.monotonic() + 10  # children may outlive the leader by a moment
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextlib.contextmanager
+def serve(command: list[str], *, health_url: str, log_path, env=None, cwd=None, timeout_s: float = 60.0):
+    """Run ``command`` in its own process group until ``health_url`` answers 2xx (polled, at
+    most ``timeout_s``); yield the process; always stop the whole group afterwards."""
+    import subprocess
+
+    import requests
+
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            tail = lambda: open(log_path, errors="replace").read()[-3000:]  # noqa: E731
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command[:4]} exited ({proc.returncode}):\n{tail()}")
+            try:
+                if requests.get(health_url, timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[:4]} not healthy in {timeout_s:g}s:\n{tail()}")
+            time.sleep(0.25)
+        yield proc
+    finally:
+        stop_process_group(proc)
+
+
+@contextlib.contextmanager
+def mlflow_server(home, *, timeout_s: float = 60.0):
+    """``mlflow server`` on 127.0.0.1 with a sqlite store and proxied artifacts under ``home``
+    (also its HOME); yields ``(url, artifacts_dir)``."""
+    import os
+    import sys
+    from pathlib import Path
+
+    home = Path(home)
+    artifacts = home / "artifacts"
+    port = free_port()
+    env = {**os.environ, "HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+               "--artifacts-destination", str(artifacts)]
+    url = f"http://127.0.0.1:{port}"
+    with serve(command, health_url=f"{url}/health", log_path=home / "server.log", env=env, cwd=home,
+               timeout_s=timeout_s):
+        yield url, artifacts

@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest
+from mlflow_rag_eval.testing import free_port
 
 __all__ = ["LlamaServer", "RecordingBackend", "free_port",
            "gguf_path", "llama_server"]
@@ -51,13 +51,6 @@ def need_llama_cpp(server: bool = False) -> None:
         pytest.skip("llama-cpp-python is not installed (pip install 'mlflow-rag-eval[llamacpp]')")
     if server and (importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None):
         pytest.skip("llama-cpp-python's server extra is not installed")
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (the OS picks it; closed again at once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

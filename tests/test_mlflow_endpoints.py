@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +20,7 @@ import requests
 
 from mlflow_rag_eval.judges.chat import ChatBackend, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.mlflow_endpoints import MlflowEndpointsBackend, parse_endpoints_target
+from mlflow_rag_eval.testing import free_port, serve
 
 UPSTREAM_KEY = "sk-gateway-side-fake-key"
 START_TIMEOUT_S = 60
@@ -95,39 +93,6 @@ class Upstream:
         self.thread.join(5)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop the gateway and its gunicorn workers: the CLI leaves gunicorn behind on SIGTERM,
-    so the whole process group (created for it) is signalled."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    # gunicorn may outlive the CLI by a moment; make sure nothing of the group remains.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 @pytest.fixture(scope="module")
 def upstream():
     fake = Upstream()
@@ -166,37 +131,12 @@ def gateway(upstream, tmp_path_factory):
         "MLFLOW_GATEWAY_API_BASE_ALLOW_PRIVATE_IPS": "true",  # the upstream is on loopback
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
-    log = open(home / "gateway.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "gateway", "start", "--config-path", str(config),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    command = [sys.executable, "-m", "mlflow", "gateway", "start", "--config-path", str(config),
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     url = f"http://127.0.0.1:{port}"
-
-    def log_tail() -> str:
-        return (home / "gateway.log").read_text(errors="replace")[-3000:]
-
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"gateway exited ({proc.returncode}):\n{log_tail()}")
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"gateway not healthy in {START_TIMEOUT_S}s:\n{log_tail()}")
-            time.sleep(0.25)
+    with serve(command, health_url=f"{url}/health", log_path=home / "gateway.log", env=env,
+               timeout_s=START_TIMEOUT_S):
         yield url
-    finally:
-        stop_group(proc)
-        log.close()
 
 
 @pytest.fixture

@@ -11,12 +11,6 @@ read back with ``requests`` only, the way another tool or the UI would see the r
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,39 +20,10 @@ import pytest
 import requests
 from mlflow import MlflowClient
 
+from mlflow_rag_eval.testing import mlflow_server as loopback_mlflow_server
+
 START_TIMEOUT_S = 60
 METRICS = ["faithfulness", "context_recall", "ndcg@10", "mrr"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop the server CLI and what it spawned (uvicorn, the job runner): its whole group."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    deadline = time.monotonic() + 10  # children may outlive the CLI by a moment
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass
@@ -75,41 +40,8 @@ class Server:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on 127.0.0.1:<free port> for this module, always torn down."""
-    home = tmp_path_factory.mktemp("mlflow_server")
-    artifacts = home / "artifacts"
-    port = free_port()
-    env = {**os.environ, "HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    log_path = home / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-             "--artifacts-destination", str(artifacts)],
-            cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def log_tail() -> str:
-        return log_path.read_text(errors="replace")[-3000:]
-
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited ({proc.returncode}):\n{log_tail()}")
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not healthy in {START_TIMEOUT_S}s:\n{log_tail()}")
-            time.sleep(0.25)
+    with loopback_mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as (url, artifacts):
         yield Server(url, artifacts)
-    finally:
-        stop_group(proc)
 
 
 def predictions() -> pd.DataFrame:
