@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure
 from mlflow_rag_eval.judges.llm import LLMJudge
 from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
-from mlflow_rag_eval.metrics.base import Metric
+from mlflow_rag_eval.metrics.base import Metric, each_applicable
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
 
@@ -287,15 +287,6 @@ class DeepEvalMetric(Metric):
         metric_cls = getattr(deepeval.metrics, self.deepeval_class)
         test_case_cls = deepeval.test_case.LLMTestCase
 
-        results: list[RowResult | None] = [None] * len(records)
-        todo = []
-        for i, record in enumerate(records):
-            reason = self.not_applicable(record)
-            if reason is not None:
-                results[i] = RowResult.not_applicable(reason)
-            else:
-                todo.append(i)
-
         async def one(record: RagRecord) -> RowResult:
             try:
                 # A fresh instance per row: deepeval keeps score, reason and verdicts on it.
@@ -313,12 +304,13 @@ class DeepEvalMetric(Metric):
                 return RowResult.failed(f"{type(exc).__name__}: {exc}")
             return _row(metric)
 
-        async def every_row() -> list[RowResult]:
-            return await asyncio.gather(*(one(records[i]) for i in todo))
+        def score(rows: list[int]) -> dict[int, RowResult]:
+            async def every_row() -> list[RowResult]:
+                return await asyncio.gather(*(one(records[i]) for i in rows))
 
-        for i, row in zip(todo, _run_own_loop(every_row) if todo else []):
-            results[i] = row
-        return results  # type: ignore[return-value]
+            return dict(zip(rows, _run_own_loop(every_row)))
+
+        return each_applicable(self, records, score)
 
 
 def _row(metric: Any) -> RowResult:

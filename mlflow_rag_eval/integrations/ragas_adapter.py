@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure
 from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
-from mlflow_rag_eval.metrics.base import Metric
+from mlflow_rag_eval.metrics.base import Metric, each_applicable
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 
@@ -422,14 +422,6 @@ class RagasMetric(Metric):
     def compute(self, records: Sequence[RagRecord], judge: Any) -> list[RowResult]:
         _require_llm_judge(judge, self.display_name)  # before any row: a configuration error
         metric = self.build(judge)
-        results: list[RowResult | None] = [None] * len(records)
-        todo = []
-        for i, record in enumerate(records):
-            reason = self.not_applicable(record)
-            if reason is not None:
-                results[i] = RowResult.not_applicable(reason)
-            else:
-                todo.append(i)
 
         async def one(record: RagRecord) -> RowResult:
             log = _RowLog()
@@ -459,12 +451,13 @@ class RagasMetric(Metric):
             why = f"ragas {self._spec.cls} = {value:.3f} from {len(log.replies)} judge replies"
             return RowResult.scored(value, f"{why}: {reason}" if reason else why, ragas_replies=log.replies)
 
-        async def all_rows() -> list[RowResult]:
-            return await asyncio.gather(*(one(records[i]) for i in todo))
+        def score(rows: list[int]) -> dict[int, RowResult]:
+            async def all_rows() -> list[RowResult]:
+                return await asyncio.gather(*(one(records[i]) for i in rows))
 
-        for i, row in zip(todo, _run(all_rows()) if todo else []):
-            results[i] = row
-        return results  # type: ignore[return-value]
+            return dict(zip(rows, _run(all_rows())))
+
+        return each_applicable(self, records, score)
 
 
 def _sample(record: RagRecord) -> dict[str, Any]:

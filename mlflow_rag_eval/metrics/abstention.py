@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
-from mlflow_rag_eval.metrics.base import Metric, register_metric
-from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
+from mlflow_rag_eval.metrics.generation import _failed
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Abstention", "FalseAbstention"]
@@ -47,7 +47,7 @@ class _AbstentionRate(Metric):
                     )
             return out
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)
 
 
 @register_metric

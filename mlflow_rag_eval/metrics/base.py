@@ -21,7 +21,7 @@ from mlflow_rag_eval.records import ColumnMapping, RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Metric", "register_metric", "register_namespace", "registered_metrics",
+    "ENTRY_POINT_GROUP", "Metric", "each_applicable", "register_metric", "register_namespace", "registered_metrics",
     "resolve_metric",
 ]
 
@@ -81,6 +81,25 @@ class Metric(ABC):
     @abstractmethod
     def compute(self, records: Sequence[RagRecord], judge: Judge) -> list[RowResult]:
         """One RowResult per record, in order. Judge failures become named row errors."""
+
+
+def each_applicable(
+    metric: Metric, records: Sequence[RagRecord], score: Callable[[list[int]], dict[int, RowResult]]
+) -> list[RowResult]:
+    """Score the applicable rows in one batch (``score(rows) -> {row: result}``); the others
+    are marked not applicable with the metric's reason."""
+    results: list[RowResult | None] = [None] * len(records)
+    todo = []
+    for i, record in enumerate(records):
+        reason = metric.not_applicable(record)
+        if reason is not None:
+            results[i] = RowResult.not_applicable(reason)
+        else:
+            todo.append(i)
+    if todo:
+        for i, row in score(todo).items():
+            results[i] = row
+    return results  # type: ignore[return-value]
 
 
 def register_metric(cls: type[Metric]) -> type[Metric]:

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from mlflow_rag_eval.judges.base import JudgeFailure, VerifyItem
-from mlflow_rag_eval.metrics.base import Metric, register_metric
-from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
+from mlflow_rag_eval.metrics.generation import _failed
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 from mlflow_rag_eval.text import split_sentences
@@ -84,7 +84,7 @@ class CitationValidity(_CitationMetric):
                 )
             return out
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)
 
 
 @register_metric
@@ -135,4 +135,4 @@ class CitationSupport(_CitationMetric):
                 )
             return out
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
-from mlflow_rag_eval.metrics.base import Metric, register_metric
-from mlflow_rag_eval.metrics.generation import _each_applicable, _failed, reference_not_applicable
+from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
+from mlflow_rag_eval.metrics.generation import _failed, reference_not_applicable
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["AnswerCorrectness"]
@@ -76,4 +76,4 @@ class AnswerCorrectness(Metric):
                 )
             return out
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeFailure, RelevanceItem
-from mlflow_rag_eval.metrics.base import Metric, register_metric
+from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 
@@ -21,24 +21,6 @@ __all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall
 
 def _failed(outcome: JudgeFailure) -> RowResult:
     return RowResult.failed(f"{outcome.kind}: {outcome.message}")
-
-
-def _each_applicable(
-    metric: Metric, records: Sequence[RagRecord], score: Callable[[list[int]], dict[int, RowResult]]
-) -> list[RowResult]:
-    """Score the applicable rows in one batch; the others are marked not applicable."""
-    results: list[RowResult | None] = [None] * len(records)
-    todo = []
-    for i, record in enumerate(records):
-        reason = metric.not_applicable(record)
-        if reason is not None:
-            results[i] = RowResult.not_applicable(reason)
-        else:
-            todo.append(i)
-    if todo:
-        for i, row in score(todo).items():
-            results[i] = row
-    return results  # type: ignore[return-value]
 
 
 def _claim_support(
@@ -124,7 +106,7 @@ class Faithfulness(Metric):
                 what="answer claims",
             )
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)
 
 
 @register_metric
@@ -153,7 +135,7 @@ class ContextRecall(Metric):
                 what="reference claims",
             )
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)
 
 
 @register_metric
@@ -176,7 +158,7 @@ class ContextRelevance(Metric):
                 passages=[{"id": c.id, **v.as_dict()} for c, v in zip(record.contexts, verdicts)],
             )
 
-        return _each_applicable(
+        return each_applicable(
             self, records, lambda rows: _rate_passages(judge, records, rows, lambda r: None, share)
         )
 
@@ -201,8 +183,8 @@ class AnswerRelevancy(Metric):
         if not (judge.supports("generate_questions") or judge.supports("is_abstention")):
             judge.require("generate_questions", metric=self.name)
         if judge.supports("generate_questions"):
-            return _each_applicable(self, records, lambda rows: self._generated(records, judge, rows))
-        return _each_applicable(self, records, lambda rows: self._direct(records, judge, rows))
+            return each_applicable(self, records, lambda rows: self._generated(records, judge, rows))
+        return each_applicable(self, records, lambda rows: self._direct(records, judge, rows))
 
     def _direct(self, records, judge, rows) -> dict[int, RowResult]:
         """Local judge: abstentions score 0, others the question-answer similarity."""
@@ -292,6 +274,6 @@ class ContextPrecision(Metric):
         def reference_of(record):
             return record.reference or record.answer or None
 
-        return _each_applicable(
+        return each_applicable(
             self, records, lambda rows: _rate_passages(judge, records, rows, reference_of, precision)
         )

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
-from mlflow_rag_eval.metrics.base import Metric
-from mlflow_rag_eval.metrics.generation import _each_applicable, _failed
+from mlflow_rag_eval.metrics.base import Metric, each_applicable
+from mlflow_rag_eval.metrics.generation import _failed
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Rubric", "rubric"]
@@ -89,7 +89,7 @@ class Rubric(Metric):
                 )
             return out
 
-        return _each_applicable(self, records, score)
+        return each_applicable(self, records, score)
 
 
 def rubric(name: str, criteria: str, steps, *, low: float = 1, high: float = 5,
