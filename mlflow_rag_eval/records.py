@@ -24,6 +24,7 @@ __all__ = [
     "RecordError",
     "records_from_frame",
     "predictions_to_frame",
+    "validate_inputs",
     "dataset_digest",
 ]
 
@@ -299,6 +300,28 @@ def records_from_frame(
     return records
 
 
+def validate_inputs(df: pd.DataFrame, mapping: ColumnMapping | None = None) -> None:
+    """Check the fields a pipeline does not produce (question, expectations, metadata) before
+    the pipeline runs; the answer and contexts are checked when it has produced them.
+
+    Raises:
+        RecordError: at the first bad cell, naming its row and column.
+    """
+    mapping = mapping or ColumnMapping()
+    if mapping.question not in df.columns:
+        raise RecordError(
+            f"required column is missing (columns: {list(map(str, df.columns))}); "
+            "map another column to it with evaluator_config={'col_mapping': {...}}",
+            row=None,
+            column=mapping.question,
+        )
+    outputs = [mapping.answer, mapping.contexts, mapping.context_ids]
+    placeholder = df.drop(columns=[c for c in outputs if c in df.columns]).assign(
+        **{mapping.contexts: [[] for _ in range(len(df))]}
+    )
+    records_from_frame(placeholder, mapping, require_answer=False)
+
+
 def predictions_to_frame(output: Any, n_rows: int, mapping: ColumnMapping | None = None) -> pd.DataFrame:
     """Normalise a pyfunc RAG model's output to a DataFrame with answer and contexts columns.
 
@@ -353,16 +376,25 @@ def dataset_digest(records: Sequence[RagRecord]) -> str:
 
     Answers and retrieved contexts are left out on purpose: two versions of a pipeline
     evaluated on the same golden set must get the same digest, so the gate can pair them.
+    The rows are a multiset, not a sequence: the same golden rows in another order (as
+    ``mlflow.genai.evaluate``, scoring rows concurrently, hands them over) give the same digest.
     """
+    items = sorted(
+        json.dumps(
+            {
+                "q": r.question,
+                "ref": r.reference,
+                "rel": sorted((r.relevant_ids or {}).items()) if r.relevant_ids is not None else None,
+                "refctx": list(r.reference_contexts) if r.reference_contexts is not None else None,
+                "ans": r.answerable,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+        for r in records
+    )
     h = hashlib.sha256()
-    for r in records:
-        item = {
-            "q": r.question,
-            "ref": r.reference,
-            "rel": sorted((r.relevant_ids or {}).items()) if r.relevant_ids is not None else None,
-            "refctx": list(r.reference_contexts) if r.reference_contexts is not None else None,
-            "ans": r.answerable,
-        }
-        h.update(json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
+    for item in items:
+        h.update(item.encode())
         h.update(b"\n")
     return h.hexdigest()[:16]
