@@ -27,7 +27,7 @@ from mlflow_rag_eval.metrics import Metric, resolve_metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
 
-__all__ = ["DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "select_metrics"]
+__all__ = ["DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "select_metrics"]
 
 _logger = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class EvaluationResult:
     dataset_digest: str
     timings: dict[str, float] = field(default_factory=dict)
     judge_usage: dict[str, Any] = field(default_factory=dict)
+    #: the record fields the data provided (``reference``, ``relevant_ids``, ...)
+    fields: frozenset[str] = frozenset({"answer", "contexts"})
 
     def aggregates(self) -> dict[str, float]:
         """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ..."""
@@ -66,8 +68,9 @@ class EvaluationResult:
             out.update(m.summary.as_metrics(m.key))
         return out
 
-    def table(self) -> pd.DataFrame:
-        """One row per record: inputs, outputs, and ``<key>/score`` + ``/justification``."""
+    def table(self, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``,
+        and the row's ``trace_id`` when its trace was logged."""
         data: dict[str, list[Any]] = {
             "question": [r.question for r in self.records],
             "answer": [r.answer for r in self.records],
@@ -79,6 +82,7 @@ class EvaluationResult:
             data[f"{m.key}/score"] = [row.value for row in m.rows]
             data[f"{m.key}/justification"] = [row.justification for row in m.rows]
             data[f"{m.key}/error"] = [row.error for row in m.rows]
+        data["trace_id"] = list(trace_ids) if trace_ids is not None else [None] * len(self.records)
         return pd.DataFrame(data)
 
 
@@ -198,6 +202,7 @@ def evaluate_records(
             spec=m.spec(),
             rows=tuple(rows[m.display_name]),
             greater_is_better=m.greater_is_better,
+            judged=bool(m.primitives),
         )
         for m in suite
     ]
@@ -208,10 +213,16 @@ def evaluate_records(
         dataset_digest=dataset_digest(records),
         timings=timings,
         judge_usage=judge_obj.usage() if judge_obj is not None else {},
+        fields=frozenset(available_fields),
     )
 
 
 _NO_JUDGE = JudgeInfo(name="none", kind="none", model="", fingerprint="none", prompts_version="none")
+
+
+def no_judge() -> JudgeInfo:
+    """The judge identity of a suite that needs no judge (retrieval metrics only)."""
+    return _NO_JUDGE
 
 
 def _fields_present(records: Sequence[RagRecord]) -> set[str]:

@@ -124,6 +124,8 @@ class MetricResult:
     spec: Mapping[str, Any]
     rows: tuple[RowResult, ...]
     greater_is_better: bool = True
+    #: computed with a judge (its rows are the judge's verdicts), not from ids alone
+    judged: bool = False
 
     @property
     def key(self) -> str:

@@ -1,4 +1,5 @@
-"""log_evaluation makes a few bulk MLflow client calls, the same few for 100 rows as for 10,000.
+"""log_evaluation makes a few bulk MLflow client calls, the same few for 100 rows as for 10,000,
+plus, per row, the one call MLflow has for a trace: ``start_trace``, carrying all its assessments.
 
 Not timed (``bench/log_evaluation.py`` times it): a call per row would show up here as a count that
 grows with the rows, whatever the machine's speed.
@@ -12,9 +13,11 @@ from collections import Counter
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.tracing.client import TracingClient
 
 from mlflow_rag_eval.engine import evaluate_records
 from mlflow_rag_eval.integrations.mlflow_logging import TABLE_FILE, log_evaluation
+from mlflow_rag_eval.integrations.mlflow_traces import LINKS_PER_CALL, SPANS_PER_CALL
 from mlflow_rag_eval.records import Context, RagRecord
 
 RETRIEVAL_METRICS = ["hit@5", "precision@5", "recall@5", "mrr", "map", "ndcg@10"]
@@ -40,16 +43,18 @@ def make_records(n: int) -> list[RagRecord]:
 
 
 class ClientCalls:
-    """Counts public ``MlflowClient`` method calls: ``outer`` (made by the caller) and ``all``
-    (also those the client makes on itself, e.g. ``log_table`` -> ``log_artifact``)."""
+    """Counts public ``MlflowClient`` and ``TracingClient`` method calls: ``outer`` (made by
+    the caller) and ``all`` (also those the clients make on themselves, e.g. ``log_text`` ->
+    ``log_artifact``)."""
 
     def __init__(self, monkeypatch):
         self.outer: Counter[str] = Counter()
         self.all: Counter[str] = Counter()
         self._depth = 0
-        for name, fn in list(vars(MlflowClient).items()):
-            if not name.startswith("_") and inspect.isfunction(fn):
-                monkeypatch.setattr(MlflowClient, name, self._wrap(name, fn))
+        for cls in (MlflowClient, TracingClient):
+            for name, fn in list(vars(cls).items()):
+                if not name.startswith("_") and inspect.isfunction(fn):
+                    monkeypatch.setattr(cls, name, self._wrap(f"{cls.__name__}.{name}", fn))
 
     def _wrap(self, name, fn):
         @functools.wraps(fn)
@@ -81,7 +86,7 @@ def test_log_evaluation_makes_the_same_few_calls_for_100_and_10000_rows(tracking
     calls = ClientCalls(monkeypatch)
     counted = {}
     for n, result in results.items():
-        log_evaluation(result, runs[n], client)
+        log_evaluation(result, runs[n], client, log_traces=False)
         counted[n] = calls.take()
     monkeypatch.undo()  # the checks below use the client unwrapped
 
@@ -90,9 +95,10 @@ def test_log_evaluation_makes_the_same_few_calls_for_100_and_10000_rows(tracking
     assert all_large == all_small, "MLflow's calls inside log_evaluation's depend on the row count"
     assert 0 < sum(outer_large.values()) <= MAX_CALLS, outer_large
     assert sum(all_large.values()) <= 2 * MAX_CALLS, all_large
-    assert outer_large["log_batch"] == 1 and "log_metric" not in all_large and "log_param" not in all_large
+    assert outer_large["MlflowClient.log_batch"] == 1
+    assert "MlflowClient.log_metric" not in all_large and "MlflowClient.log_param" not in all_large
     for method in PER_ROW_METHODS:  # a per-file call is fine; a per-row one is not
-        assert all_large[method] <= 5, (method, all_large)
+        assert all_large[f"MlflowClient.{method}"] <= 5, (method, all_large)
 
     # The calls did carry every row: the 10,000-row table and the aggregates are on the run.
     data = client.get_run(runs[10_000]).data
@@ -101,3 +107,37 @@ def test_log_evaluation_makes_the_same_few_calls_for_100_and_10000_rows(tracking
     assert data.params["rag_eval.metrics"] == ",".join(RETRIEVAL_METRICS)
     assert TABLE_FILE in {f.path for f in client.list_artifacts(runs[10_000])}
 
+
+def test_traces_cost_one_call_per_row_and_batches_for_the_rest(tracking_uri, monkeypatch):
+    """With traces: one ``start_trace`` per row (it carries the row's Feedback and Expectations:
+    MLflow has no batch call for traces), spans and run links in batches, nothing else per row."""
+    client = MlflowClient()
+    experiment_id = mlflow.get_experiment_by_name("tests").experiment_id
+    sizes = (100, 1_500)
+    results = {n: evaluate_records(make_records(n), metrics=RETRIEVAL_METRICS, progress=False) for n in sizes}
+    runs = {n: client.create_run(experiment_id).info.run_id for n in sizes}
+
+    calls = ClientCalls(monkeypatch)
+    counted = {}
+    for n, result in results.items():
+        log_evaluation(result, runs[n], client)
+        counted[n] = calls.take()[0]
+    monkeypatch.undo()
+
+    per_row = {"TracingClient.start_trace"}
+    batched = {"TracingClient.log_spans", "MlflowClient.link_traces_to_run"}
+    for n, outer in counted.items():
+        assert outer["TracingClient.start_trace"] == n
+        assert outer["TracingClient.log_spans"] == -(-2 * n // SPANS_PER_CALL)  # two spans a row
+        assert outer["MlflowClient.link_traces_to_run"] == -(-n // LINKS_PER_CALL)
+        assert "TracingClient.log_assessment" not in outer and "MlflowClient.log_feedback" not in outer
+    small, large = counted[sizes[0]], counted[sizes[1]]
+    rest = {k: v for k, v in large.items() if k not in per_row and k not in batched}
+    assert rest == {k: v for k, v in small.items() if k not in per_row and k not in batched}
+
+    # Every row's trace and assessments are in the store.
+    traces = mlflow.search_traces(locations=[experiment_id], run_id=runs[sizes[1]], return_type="list",
+                                  include_spans=False, max_results=5_000)
+    assert len(traces) == sizes[1]
+    n_feedback = sum(sum(a.name == "hit_at_5" for a in t.info.assessments) for t in traces)
+    assert n_feedback == sum(1 for i in range(sizes[1]) if i % 7)

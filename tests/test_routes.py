@@ -112,8 +112,10 @@ def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(trackin
                             outputs="A bike ticket costs 5 euros.", trace=trace)
     assert feedback.value == 1.0 and feedback.error is None
     assert feedback.source.source_type == AssessmentSourceType.LLM_JUDGE
-    assert feedback.source.source_id == local_judge.info().fingerprint
-    assert '"claim": "A bike ticket costs 5 euros."' in feedback.metadata["details"]
+    # The judge by name, its fingerprint beside: the same Feedback the rag evaluator logs.
+    assert feedback.source.source_id == "local:minilm-l6"
+    assert feedback.metadata["rag_eval.judge_fingerprint"] == local_judge.info().fingerprint
+    assert '"claim": "A bike ticket costs 5 euros."' in feedback.metadata["rag_eval.evidence"]
     retrieval = ndcg(inputs={"question": "q"}, outputs="a", trace=trace, expectations={"relevant_ids": ["p1"]})
     assert retrieval.value == 1.0 and retrieval.source.source_type == AssessmentSourceType.CODE
 

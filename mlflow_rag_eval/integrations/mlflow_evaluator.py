@@ -9,7 +9,12 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
 - ``judge``: a judge name (default ``local:minilm-l6``) or a Judge object;
 - ``metrics``: metric names (default: the suite the data can feed, see ``DEFAULT_METRICS``);
 - ``col_mapping``: record field -> column, e.g. ``{"question": "query"}``;
-- ``model_input_columns``: the columns passed to the model (default: the question column).
+- ``model_input_columns``: the columns passed to the model (default: the question column);
+- ``log_traces``: log one trace per row with its assessments (default true; false for runs too
+  large to browse row by row: the metrics, table and report are logged either way).
+
+The data is checked before the model is called, so bad input costs no prediction and leaves
+no trace.
 
 It only ever answers ``model_type="rag"``, so it never joins other evaluations.
 """
@@ -32,12 +37,18 @@ from mlflow_rag_eval.integrations.mlflow_logging import (
     assert_run_is_fresh,
     log_evaluation,
 )
-from mlflow_rag_eval.records import ColumnMapping, RecordError, predictions_to_frame, records_from_frame
+from mlflow_rag_eval.integrations.mlflow_traces import predict_with_traces
+from mlflow_rag_eval.records import (
+    ColumnMapping,
+    predictions_to_frame,
+    records_from_frame,
+    validate_inputs,
+)
 
 __all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
 
 MODEL_TYPE = "rag"
-CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns"})
+CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -89,12 +100,21 @@ class RagEvaluator(ModelEvaluator):
         client = MlflowClient()
         assert_run_is_fresh(client, run_id)
 
+        log_traces = config.get("log_traces", True)
+        if not isinstance(log_traces, bool):
+            raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
+
         frame = _dataset_frame(dataset)
+        pipeline_traces = None
         if model is not None:
-            if mapping.question not in frame.columns:
-                raise RecordError("required column is missing", row=None, column=mapping.question)
+            # The golden data is checked before the pipeline runs: bad input costs no
+            # prediction and leaves no trace.
+            validate_inputs(frame, mapping)
             inputs = frame[list(config.get("model_input_columns") or [mapping.question])]
-            output = model.predict(inputs)
+            experiment_id = client.get_run(run_id).info.experiment_id
+            output, pipeline_traces = predict_with_traces(
+                model, inputs, [str(q) for q in frame[mapping.question]], experiment_id
+            )
             outputs = predictions_to_frame(output, len(frame), mapping)
             if predictions is not None and predictions != mapping.answer and predictions in outputs:
                 outputs = outputs.rename(columns={predictions: mapping.answer})
@@ -118,7 +138,7 @@ class RagEvaluator(ModelEvaluator):
         )
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
-            result, run_id, client, tags={"rag_eval.model_id": model_id} if model_id else None
+            result, run_id, client, model_id=model_id, log_traces=log_traces, pipeline_traces=pipeline_traces
         )
         artifact_uri = client.get_run(run_id).info.artifact_uri
         artifacts = {

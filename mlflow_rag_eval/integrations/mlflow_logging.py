@@ -1,12 +1,18 @@
-"""Writes an :class:`EvaluationResult` onto an MLflow run in a few bulk calls.
+"""Writes an :class:`EvaluationResult` onto an MLflow run: the one module that owns what an
+evaluated run holds, whichever route computed it (the ``rag`` evaluator, genai scorers, the CLI).
 
 What a run holds after an evaluation (one evaluation per run):
+- tag ``mlflow.runType=genai_evaluate``: the run is an MLflow 3 evaluation run, listed on the
+  experiment's Evaluation runs page;
+- one trace per row with the metrics as ``Feedback`` and the expectations as ``Expectation``
+  assessments (:mod:`mlflow_rag_eval.integrations.mlflow_traces`), linked to the run and to
+  the evaluated logged model; ``log_traces=False`` leaves them out (very large runs);
 - metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/n_error``, ``/ci_low``,
   ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
 - params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
   ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags;
-- ``eval_results_table.json`` (MLflow's table format, shown in the UI's evaluation view) with
-  ``<metric>/score`` and ``<metric>/justification`` columns;
+- ``eval_results_table.json`` (MLflow's table format) with ``<metric>/score``,
+  ``<metric>/justification``, ``<metric>/error`` and each row's ``trace_id``;
 - ``rag_eval/judge_lineage.json``: the judge, its model files' hash, its settings, the metric
   specs, call counts and timings, and package versions. No secret goes in: judge params are
   settings, never credentials;
@@ -19,21 +25,26 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
 from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
 from mlflow_rag_eval.judges.prompts import PROMPTS
 from mlflow_rag_eval.report import render_report, worst_rows
 
 __all__ = [
-    "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "assert_run_is_fresh", "lineage",
-    "log_evaluation",
+    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "assert_run_is_fresh",
+    "lineage", "log_evaluation", "log_run_contents",
 ]
+
+_logger = logging.getLogger(__name__)
 
 TABLE_FILE = "eval_results_table.json"
 LINEAGE_FILE = "rag_eval/judge_lineage.json"
@@ -47,6 +58,14 @@ def _version(package: str) -> str | None:
         return version(package)
     except PackageNotFoundError:
         return None
+
+
+def _logged_artifacts_with_table(client: MlflowClient, run_id: str) -> str:
+    """The run's ``mlflow.loggedArtifacts`` tag with the table added, as ``log_table`` sets it:
+    the MLflow UI's evaluation table view reads it."""
+    logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+    entry = {"path": TABLE_FILE, "type": "table"}
+    return json.dumps(logged if entry in logged else [*logged, entry])
 
 
 def assert_run_is_fresh(client: MlflowClient, run_id: str) -> None:
@@ -96,12 +115,54 @@ def log_evaluation(
     client: MlflowClient | None = None,
     *,
     tags: dict[str, str] | None = None,
+    model_id: str | None = None,
+    log_traces: bool = True,
+    pipeline_traces: list[str | None] | None = None,
 ) -> dict[str, float]:
-    """Log aggregates, params, tags, the per-row table and the lineage; return the metrics.
+    """Log the rows as traces with assessments, then the run's contents; return the metrics.
 
-    ``tags`` adds run tags (the evaluator adds ``rag_eval.model_id``: the logged model that
-    was evaluated, which the gate uses to find a model version's evaluations).
+    Args:
+        tags: extra run tags.
+        model_id: the logged model that was evaluated (``m-...``): tagged on the run as
+            ``rag_eval.model_id`` (the gate finds a model version's evaluations by it) and
+            recorded on every row's trace (``mlflow.modelId``).
+        log_traces: write one trace per row (default). Off, the run still holds everything
+            else: for runs too large to browse row by row.
+        pipeline_traces: per row, the trace the pipeline itself produced for it (or None);
+            those rows get their assessments on that trace instead of a new one.
     """
+    client = client or MlflowClient()
+    run = client.get_run(run_id)
+    if run.outputs is not None and run.outputs.model_outputs:
+        _logger.warning(
+            "run %s also logged a model: MLflow's Evaluation runs page lists only runs that logged "
+            "none, so this evaluation is shown with the training runs. Log the model outside the "
+            "run (or in a run of its own) and evaluate it in a new run.", run_id,
+        )
+    trace_ids = None
+    if log_traces:
+        trace_ids = log_row_traces(result, run_id, client, experiment_id=run.info.experiment_id,
+                                   model_id=model_id, existing=pipeline_traces)
+    if model_id:
+        # The evaluation run names the model it evaluated as its input, as mlflow.genai.evaluate
+        # does: the Evaluation runs page shows it, and the model's page lists the run.
+        client.log_inputs(run_id, models=[LoggedModelInput(model_id=model_id)])
+        tags = {"rag_eval.model_id": model_id, **(tags or {})}
+    return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids)
+
+
+def log_run_contents(
+    result: EvaluationResult,
+    run_id: str,
+    client: MlflowClient | None = None,
+    *,
+    tags: dict[str, str] | None = None,
+    trace_ids: list[str] | None = None,
+    skip_metrics: frozenset[str] = frozenset(),
+) -> dict[str, float]:
+    """Aggregates, params, tags, the per-row table, lineage, worst rows and report; returns
+    the aggregates. ``skip_metrics``: keys another writer logs (MLflow's genai harness logs
+    the aggregations it computed itself), left out here so no metric is logged twice."""
     client = client or MlflowClient()
     judge = result.judge
     metrics = result.aggregates()
@@ -114,6 +175,8 @@ def log_evaluation(
         "rag_eval.dataset_digest": result.dataset_digest,
     }
     tags = {
+        MLFLOW_RUN_TYPE: MLFLOW_RUN_TYPE_GENAI_EVALUATE,
+        MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id),
         EVALUATED_TAG: "true",
         "rag_eval.judge": judge.name,
         "rag_eval.judge_fingerprint": judge.fingerprint,
@@ -123,11 +186,14 @@ def log_evaluation(
     }
     client.log_batch(
         run_id,
-        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+        metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
         params=[Param(k, str(v)[:6000]) for k, v in params.items()],
         tags=[RunTag(k, v) for k, v in tags.items()],
     )
-    client.log_table(run_id, data=result.table(), artifact_file=TABLE_FILE)
+    # MLflow's table format, written here rather than by MlflowClient.log_table, whose JSON
+    # keeps 10 significant digits: a row's score in the table must equal its assessment.
+    table = result.table(trace_ids).to_json(orient="split", index=False, double_precision=15)
+    client.log_text(run_id, table, TABLE_FILE)
     lineage_doc = lineage(result)
     client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
     worst = worst_rows(result)
@@ -135,4 +201,3 @@ def log_evaluation(
     client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)
     client.log_text(run_id, render_report(result, lineage_doc, worst=worst), REPORT_FILE)
     return metrics
-

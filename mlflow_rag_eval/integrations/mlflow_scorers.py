@@ -9,44 +9,63 @@ Each scorer reads ``inputs`` (``{"question": ...}``), ``outputs`` (a string answ
 from ``outputs["contexts"]`` or, failing that, from the trace's RETRIEVER spans (their
 documents' ``page_content`` and ``id`` / ``metadata.doc_uri``), in span order.
 
-It returns a ``Feedback`` with the value, the justification as rationale, the evidence as
-metadata, ``error`` when the judge could not decide, and an ``AssessmentSource`` of type
-LLM_JUDGE (source id: the judge's fingerprint) — CODE for metrics that need no judge.
-Aggregations match the ``rag`` evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``,
-``/n_scored``, ``/ci_low``, ``/ci_high``. ``n_error`` cannot come from MLflow's aggregation
-(it only sees values); the per-row errors are on the assessments.
+It returns the same ``Feedback`` the ``rag`` evaluator puts on a row's trace
+(:func:`~mlflow_rag_eval.integrations.mlflow_traces.row_feedback`): the value, the
+justification as rationale, compact evidence in metadata, ``error`` when the judge could not
+decide, source LLM_JUDGE (the judge's name) or CODE. Aggregations match the ``rag``
+evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/ci_low``,
+``/ci_high``.
+
+Inside ``mlflow.genai.evaluate`` the scorers also collect their rows, and when MLflow
+aggregates them (after every row is scored) the run gets what a ``rag`` evaluator run holds:
+``rag_eval.*`` params and tags, ``/n_error`` metrics, the table with each row's trace id, the
+lineage, worst rows and report (:mod:`~mlflow_rag_eval.integrations.mlflow_logging`), so
+``compare`` and the gate accept the run. MLflow aggregates only metrics with at least one
+value: if every row of every rag metric failed, the run holds the per-row errors on its
+traces and MLflow's failure summary, but no ``rag_eval`` contents.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import itertools
+import logging
+import threading
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from mlflow.entities import AssessmentSource, AssessmentSourceType, Feedback
+from mlflow.entities import Feedback
 from mlflow.genai.scorers import Scorer
 from pydantic import PrivateAttr
 
-from mlflow_rag_eval.judges import Judge, get_judge
+from mlflow_rag_eval.integrations.mlflow_traces import EXPECTATION_FIELDS, row_feedback
+from mlflow_rag_eval.judges import Judge, JudgeInfo, get_judge
 from mlflow_rag_eval.metrics import Metric, resolve_metric
-from mlflow_rag_eval.records import ColumnMapping, records_from_frame
-from mlflow_rag_eval.results import RowResult, summarize
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest, records_from_frame
+from mlflow_rag_eval.results import MetricResult, RowResult, summarize
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
 
 
-def _from_values(stat: str):
+_STATS = ("mean", "median", "p10", "n_scored", "ci_low", "ci_high")
+
+
+def _aggregation(stat: str, metric_key: str):
+    """One of the rag evaluator's statistics over the values MLflow collected. The first call
+    in an evaluation (every row is scored by then) writes the run's rag_eval contents."""
+
     def aggregate(values: list[float]) -> float | None:
+        _flush_current_run()
         summary = summarize([RowResult.scored(v) for v in values])
         return getattr(summary, stat)
 
-    aggregate.__name__ = stat
+    aggregate.__name__ = stat  # MLflow names each metric `<scorer>/<function name>`
+    aggregate.__qualname__ = f"{metric_key}/{stat}"
     return aggregate
-
-
-#: the same statistics the rag evaluator logs (MLflow names each by the function's name)
-AGGREGATIONS = [_from_values(s) for s in ("mean", "median", "p10", "n_scored", "ci_low", "ci_high")]
 
 
 def contexts_from_trace(trace) -> list[dict[str, Any]]:
@@ -98,52 +117,149 @@ class RagScorer(Scorer):
 
     _metric: Metric = PrivateAttr()
     _judge: Judge | None = PrivateAttr(default=None)
+    _position: int = PrivateAttr(default=0)
 
     def __init__(self, metric: Metric, judge: Judge | None, **kwargs):
-        super().__init__(name=metric.key, aggregations=AGGREGATIONS,
+        super().__init__(name=metric.key, aggregations=[_aggregation(s, metric.key) for s in _STATS],
                          description=(type(metric).__doc__ or "").strip().split("\n")[0], **kwargs)
         self._metric = metric
         self._judge = judge
+        self._position = next(_SCORER_ORDER)
 
-    def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None) -> Feedback:
+    def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None) -> Feedback | None:
+        """The row's Feedback; None (no assessment) when the metric does not apply to the row."""
         metric, judge = self._metric, self._judge
-        if judge is not None:
-            info = judge.info()
-            source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=info.fingerprint)
-        else:
-            source = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id=f"mlflow_rag_eval:{metric.key}")
+        start = time.perf_counter()
+        record, fields = None, {"answer", "contexts"}
         try:
             frame = _record_frame(inputs, outputs, expectations, trace)
-            records = records_from_frame(frame, ColumnMapping())
-            present = {"answer", "contexts"} | {c for c in ("reference", "relevant_ids", "answerable",
-                                                            "reference_contexts") if c in frame}
-            missing = [f for f in metric.requires if f not in present]
+            fields |= {c for c in EXPECTATION_FIELDS if c in frame}
+            (record,) = records_from_frame(frame, ColumnMapping())
+            missing = [f for f in metric.requires if f not in fields]
             if missing:
                 row = RowResult.not_applicable(f"no {missing[0]} in the expectations")
             else:
                 if judge is not None:
                     judge.require(*metric.primitives, metric=metric.display_name)
-                metric.validate(records, ColumnMapping())
-                (row,) = metric.compute(records, judge)
+                metric.validate([record], ColumnMapping())
+                (row,) = metric.compute([record], judge)
         except Exception as exc:  # one row's bad input is that row's named error
             row = RowResult.failed(f"{type(exc).__name__}: {exc}")
-        metadata = {"metric": metric.display_name, "metric_version": str(metric.version)}
-        if row.details:
-            metadata["details"] = json.dumps(row.details, default=_json_default)[:60000]
-        return Feedback(
-            name=metric.key,
-            value=row.value,
-            rationale=row.justification or None,
-            error=row.error,
-            source=source,
-            metadata=metadata,
-        )
+        result = MetricResult(name=metric.display_name, spec=metric.spec(), rows=(row,),
+                              greater_is_better=metric.greater_is_better, judged=judge is not None)
+        info = judge.info() if judge is not None else None
+        _collect(self, trace, inputs, outputs, record, fields, result, info, time.perf_counter() - start)
+        return row_feedback(result, row, judge=info)
 
 
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
+# --------------------------------------------------------------------------- run contents
+
+_SCORER_ORDER = itertools.count()
+_RUNS_LOCK = threading.Lock()
+#: rows collected per evaluation run, until MLflow aggregates them (then written and dropped)
+_RUNS: dict[str, _RunRows] = {}
+_MAX_OPEN_RUNS = 16
+
+
+@dataclass
+class _RunRows:
+    """What one ``mlflow.genai.evaluate`` run's rag scorers computed, row by row."""
+
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # trace id -> row
+    metrics: dict[str, tuple[int, MetricResult, JudgeInfo | None]] = field(default_factory=dict)
+    judges: dict[str, Judge] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _current_run_id() -> str | None:
+    from mlflow.genai.evaluation.context import context_is_active, get_context
+
+    return get_context().get_mlflow_run_id() if context_is_active() else None
+
+
+def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None, fields: set[str],
+             result: MetricResult, judge: JudgeInfo | None, seconds: float) -> None:
+    run_id = _current_run_id()
+    if run_id is None or trace is None:
+        return  # called outside an evaluation: nothing to write
+    with _RUNS_LOCK:
+        run = _RUNS.get(run_id)
+        if run is None:
+            while len(_RUNS) >= _MAX_OPEN_RUNS:  # runs MLflow never aggregated (all rows failed)
+                _RUNS.pop(next(iter(_RUNS)))
+            run = _RUNS[run_id] = _RunRows()
+    if record is None:  # the row's input was unusable: keep it, with what can be shown
+        question = inputs.get("question") if isinstance(inputs, Mapping) else inputs
+        record = RagRecord(question=str(question if question is not None else ""),
+                           answer=str(outputs.get("answer") if isinstance(outputs, Mapping) else outputs or ""))
+    info = trace.info
+    with run.lock:
+        row = run.rows.setdefault(info.trace_id, {
+            "order": (info.request_time or 0, info.trace_id), "record": record, "fields": set(),
+            "model_id": (info.trace_metadata or {}).get("mlflow.modelId"), "results": {},
+        })
+        row["fields"] |= fields
+        row["results"][result.name] = result.rows[0]
+        run.metrics.setdefault(result.name, (scorer._position, result, judge))
+        if scorer._judge is not None:
+            run.judges.setdefault(judge.fingerprint, scorer._judge)
+        run.seconds[result.name] = run.seconds.get(result.name, 0.0) + seconds
+
+
+def _flush_current_run() -> None:
+    run_id = _current_run_id()
+    if run_id is None:
+        return
+    with _RUNS_LOCK:
+        run = _RUNS.pop(run_id, None)
+    if run is None:
+        return  # written already (by another metric's first aggregation), or nothing collected
+    try:
+        _write(run_id, run)
+    except Exception:  # MLflow would swallow it as a failed aggregation: say it here
+        _logger.exception("could not write the rag_eval contents of run %s", run_id)
+
+
+def _write(run_id: str, run: _RunRows) -> None:
+    from mlflow import MlflowClient
+
+    from mlflow_rag_eval.engine import EvaluationResult, no_judge
+    from mlflow_rag_eval.integrations.mlflow_logging import assert_run_is_fresh, log_run_contents
+
+    client = MlflowClient()
+    try:
+        assert_run_is_fresh(client, run_id)
+    except ValueError as exc:
+        _logger.warning("%s", exc)
+        return
+    rows = sorted(run.rows.values(), key=lambda r: r["order"])
+    trace_ids = [r["order"][1] for r in rows]
+    records = [r["record"] for r in rows]
+    metrics = []
+    for _, result, _judge in sorted(run.metrics.values(), key=lambda m: m[0]):
+        missing = RowResult.failed("ScorerError: the scorer returned no result for this row")
+        metrics.append(dataclasses.replace(
+            result, rows=tuple(r["results"].get(result.name, missing) for r in rows)))
+    judges = [j for _, m, j in run.metrics.values() if m.judged and j is not None]
+    if len({j.fingerprint for j in judges}) > 1:
+        _logger.warning("run %s: the rag scorers used %d different judges; the run records the first",
+                        run_id, len({j.fingerprint for j in judges}))
+    judge_info = judges[0] if judges else no_judge()
+    judge = run.judges.get(judge_info.fingerprint)
+    fields = set().union(*(r["fields"] for r in rows)) if rows else set()
+    result = EvaluationResult(
+        records=records, metrics=metrics, judge=judge_info, dataset_digest=dataset_digest(records),
+        timings=dict(run.seconds), judge_usage=judge.usage() if judge is not None else {},
+        fields=frozenset(fields),
+    )
+    # MLflow logs the statistics it aggregated itself; only the others are written here.
+    logged_by_mlflow = frozenset(
+        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 for stat in _STATS
+    )
+    model_ids = {r["model_id"] for r in rows if r["model_id"]}
+    tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else None
+    log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow)
 
 
 def rag_scorer(metric: str | Metric, judge: str | Judge | None = None) -> RagScorer:

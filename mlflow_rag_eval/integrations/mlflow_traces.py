@@ -1,0 +1,510 @@
+"""Evaluated rows as MLflow traces with assessments: what MLflow 3's evaluation UI reads.
+
+Per row, one trace linked to the evaluation run (trace metadata ``mlflow.sourceRun`` and a run
+link) and, when a logged model was evaluated, to that model (``mlflow.modelId``):
+
+- a root span ``rag_pipeline`` (inputs ``{"question"}``, outputs ``{"answer"}``) with a child
+  RETRIEVER span ``retrieve`` whose outputs are the contexts as MLflow ``Document``\\ s
+  (``page_content``, ``metadata.doc_uri`` = the context id, ``metadata.rank``), the shape
+  MLflow's own RAG scorers read;
+- per metric, a ``Feedback`` on the root span: name = the metric key (``ndcg_at_10``, as in the
+  metric keys), value = the row's score, rationale = the justification, compact evidence in
+  metadata, ``error`` (and no value) when the judge could not decide, source LLM_JUDGE (the
+  judge's name; its fingerprint in metadata) or CODE for metrics that need no judge. A row a
+  metric does not apply to gets no Feedback for it: MLflow's UI shows a valueless Feedback as
+  a red "Error", and "not applicable" is not an error;
+- the expectations (``reference``, ``relevant_ids``, ``answerable``, ``reference_contexts``)
+  as ``Expectation``\\ s.
+
+Writing: MLflow has no batch call for trace infos, so each new trace is one ``start_trace``
+call that carries all of its assessments (not one call per assessment, as
+``mlflow.log_feedback`` would need); spans go through ``log_spans`` a thousand rows at a time,
+and run links in batches of 100 (MLflow's limit). Traces the pipeline itself produced (``@mlflow.trace``,
+autologging) are the rows' traces instead of synthetic ones: their assessments are added with
+``create_assessment`` (no batch call exists for an existing trace).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mlflow.entities import (
+    AssessmentError,
+    AssessmentSource,
+    AssessmentSourceType,
+    Expectation,
+    Feedback,
+    SpanType,
+    TraceInfo,
+    TraceLocation,
+    TraceState,
+)
+from mlflow.entities.span import Span
+from mlflow.entities.trace_data import TraceData
+from mlflow.tracing.constant import (
+    TRACE_SCHEMA_VERSION,
+    TRACE_SCHEMA_VERSION_KEY,
+    AssessmentMetadataKey,
+    SpanAttributeKey,
+    TraceMetadataKey,
+    TraceTagKey,
+)
+from mlflow.tracing.utils import TraceJSONEncoder, generate_mlflow_trace_id_from_otel_trace_id
+from mlflow.tracing.utils.truncation import set_request_response_preview
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+from mlflow_rag_eval.judges import JudgeInfo
+from mlflow_rag_eval.records import RagRecord
+from mlflow_rag_eval.results import MetricResult, RowResult
+
+__all__ = [
+    "EXPECTATION_FIELDS",
+    "ROOT_SPAN",
+    "RETRIEVER_SPAN",
+    "ROW_METADATA",
+    "assessment_source",
+    "compact_evidence",
+    "log_row_traces",
+    "row_expectations",
+    "row_feedback",
+]
+
+_logger = logging.getLogger(__name__)
+
+ROOT_SPAN = "rag_pipeline"
+RETRIEVER_SPAN = "retrieve"
+#: trace metadata key holding the row's 0-based position in the evaluated data
+ROW_METADATA = "rag_eval.row"
+#: record fields logged as Expectations, when the data provided them
+EXPECTATION_FIELDS = ("reference", "relevant_ids", "answerable", "reference_contexts")
+#: MLflow refuses more run links per call
+LINKS_PER_CALL = 100
+#: rows whose traces are built and written together (one log_spans call: two spans a row)
+ROWS_PER_CHUNK = 1000
+SPANS_PER_CALL = 2 * ROWS_PER_CHUNK
+#: evidence kept in a Feedback's metadata (the full evidence is in the table artifact)
+EVIDENCE_CHARS = 4000
+_TEXT_CHARS = 300
+_KIND = re.compile(r"^([A-Za-z][A-Za-z0-9_]*):")
+
+
+# --------------------------------------------------------------------------- assessments
+
+
+def assessment_source(judge: JudgeInfo | None) -> AssessmentSource:
+    """LLM_JUDGE named by the judge for judged metrics; CODE for metrics that need no judge."""
+    if judge is None or judge.kind == "none":
+        return AssessmentSource(source_type=AssessmentSourceType.CODE, source_id="mlflow_rag_eval")
+    return AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=judge.name)
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > _TEXT_CHARS:
+        return value[: _TEXT_CHARS - 1] + "…"
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy scalars
+    return item() if callable(item) else str(value)
+
+
+def compact_evidence(details: Mapping[str, Any], limit: int = EVIDENCE_CHARS) -> str | None:
+    """The row's evidence as JSON of at most ``limit`` characters: texts shortened, and list
+    items past the limit replaced by a count (``{"more": n}``)."""
+    if not details:
+        return None
+    compact: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, list):
+            compact[key] = [
+                {k: _short(v) for k, v in item.items()} if isinstance(item, Mapping) else _short(item)
+                for item in value
+            ]
+        else:
+            compact[key] = _short(value)
+    text = json.dumps(compact, default=_json_default, ensure_ascii=False)
+    if len(text) <= limit:
+        return text
+    # Drop list items from the end until it fits, saying how many went.
+    lists = [k for k, v in compact.items() if isinstance(v, list)]
+    for key in lists:
+        items = compact[key]
+        while items and len(text) > limit:
+            dropped = items.pop()
+            more = compact.get(f"{key}_more", 0) + (0 if isinstance(dropped, dict) and "more" in dropped else 1)
+            compact[f"{key}_more"] = more
+            text = json.dumps(compact, default=_json_default, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _error(row: RowResult) -> AssessmentError:
+    match = _KIND.match(row.error or "")
+    return AssessmentError(
+        error_code=match.group(1) if match else "RAG_EVAL_ERROR", error_message=row.error or "unknown error"
+    )
+
+
+def row_feedback(
+    metric: MetricResult,
+    row: RowResult,
+    *,
+    judge: JudgeInfo | None,
+    trace_id: str | None = None,
+    span_id: str | None = None,
+    run_id: str | None = None,
+) -> Feedback | None:
+    """The Feedback for one metric on one row; None when the metric does not apply to it.
+
+    Every route builds its Feedback here, so the same row gives the same assessment whether
+    the rag evaluator, a genai scorer or the CLI computed it.
+    """
+    if row.status == "skipped":
+        return None
+    needs_judge = judge is not None and judge.kind != "none"
+    metadata = {
+        "rag_eval.metric": metric.name,
+        "rag_eval.metric_version": str(metric.spec.get("version", "")),
+    }
+    if needs_judge:
+        metadata["rag_eval.judge_fingerprint"] = judge.fingerprint
+        metadata["rag_eval.prompts_version"] = judge.prompts_version
+    evidence = compact_evidence(row.details)
+    if evidence:
+        metadata["rag_eval.evidence"] = evidence
+    if run_id is not None:
+        metadata[AssessmentMetadataKey.SOURCE_RUN_ID] = run_id
+    failed = row.status == "error"
+    return Feedback(
+        name=metric.key,
+        value=None if failed else row.value,
+        error=_error(row) if failed else None,
+        rationale=(row.justification or None) if not failed else None,
+        source=assessment_source(judge if needs_judge else None),
+        trace_id=trace_id,
+        span_id=span_id,
+        metadata=metadata,
+    )
+
+
+def _expectation_value(record: RagRecord, field: str) -> Any:
+    value = getattr(record, field)
+    if field == "relevant_ids" and value is not None:
+        return {str(k): (int(v) if float(v).is_integer() else float(v)) for k, v in value.items()}
+    if field == "reference_contexts" and value is not None:
+        return list(value)
+    return value
+
+
+def row_expectations(
+    record: RagRecord,
+    fields: Iterable[str],
+    *,
+    dataset_digest: str,
+    trace_id: str | None = None,
+    run_id: str | None = None,
+) -> list[Expectation]:
+    """The row's expectations from the golden data: HUMAN-sourced, named after the field."""
+    source = AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=f"dataset:{dataset_digest}")
+    metadata = {AssessmentMetadataKey.SOURCE_RUN_ID: run_id} if run_id else None
+    out = []
+    for field in EXPECTATION_FIELDS:
+        if field not in fields:
+            continue
+        value = _expectation_value(record, field)
+        if value is None:
+            continue
+        out.append(Expectation(name=field, value=value, source=source, trace_id=trace_id, metadata=metadata))
+    return out
+
+
+# --------------------------------------------------------------------------- spans
+
+
+def _context(trace_id: int, span_id: int) -> SpanContext:
+    return SpanContext(trace_id=trace_id, span_id=span_id, is_remote=False, trace_flags=TraceFlags(1))
+
+
+def _span(trace_id: str, otel_trace_id: int, span_id: int, parent_id: int | None, name: str, span_type: str,
+          inputs: Any, outputs: Any, start_ns: int, end_ns: int) -> Span:
+    # An MLflow Span is an immutable OpenTelemetry span whose attributes are JSON strings
+    # (MLflow's own Span.from_dict builds it the same way).
+    attributes = {
+        SpanAttributeKey.REQUEST_ID: json.dumps(trace_id),
+        SpanAttributeKey.SPAN_TYPE: json.dumps(span_type),
+        SpanAttributeKey.INPUTS: json.dumps(inputs, cls=TraceJSONEncoder, ensure_ascii=False),
+        SpanAttributeKey.OUTPUTS: json.dumps(outputs, cls=TraceJSONEncoder, ensure_ascii=False),
+    }
+    otel = ReadableSpan(
+        name=name,
+        context=_context(otel_trace_id, span_id),
+        parent=_context(otel_trace_id, parent_id) if parent_id is not None else None,
+        attributes=attributes,
+        start_time=start_ns,
+        end_time=end_ns,
+        status=Status(StatusCode.OK),
+        # Without one, OpenTelemetry detects a resource per span, on a thread pool: 1 ms a span.
+        resource=Resource.get_empty(),
+    )
+    return Span(otel)
+
+
+def _documents(record: RagRecord) -> list[dict[str, Any]]:
+    """The contexts as MLflow ``Document`` dicts (what ``Document.to_dict`` gives, built directly:
+    ``dataclasses.asdict`` costs a third of a trace's build time)."""
+    docs = []
+    for rank, context in enumerate(record.contexts, start=1):
+        metadata: dict[str, Any] = {"rank": rank}
+        if context.id is not None:
+            metadata["doc_uri"] = context.id
+        docs.append({"page_content": context.text, "metadata": metadata, "id": context.id})
+    return docs
+
+
+def _row_trace(
+    record: RagRecord, row: int, *, experiment_id: str, run_id: str, model_id: str | None, now_ns: int
+) -> tuple[TraceInfo, list[Span]]:
+    otel_trace_id = secrets.randbits(128) or 1
+    trace_id = generate_mlflow_trace_id_from_otel_trace_id(otel_trace_id)
+    root_id, retriever_id = secrets.randbits(64) or 1, secrets.randbits(64) or 2
+    inputs, outputs = {"question": record.question}, {"answer": record.answer}
+    # The pipeline ran before the evaluation, in one batch: its per-row timing is unknown, so
+    # every span of the evaluation carries the same instant rather than an invented duration.
+    root = _span(trace_id, otel_trace_id, root_id, None, ROOT_SPAN, SpanType.CHAIN, inputs, outputs, now_ns, now_ns)
+    retriever = _span(trace_id, otel_trace_id, retriever_id, root_id, RETRIEVER_SPAN, SpanType.RETRIEVER,
+                      {"query": record.question}, _documents(record), now_ns, now_ns)
+    metadata = {
+        TRACE_SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION),
+        TraceMetadataKey.SOURCE_RUN: run_id,
+        ROW_METADATA: str(row),
+    }
+    if model_id:
+        metadata[TraceMetadataKey.MODEL_ID] = model_id
+    info = TraceInfo(
+        trace_id=trace_id,
+        trace_location=TraceLocation.from_experiment_id(experiment_id),
+        request_time=now_ns // 1_000_000,
+        state=TraceState.OK,
+        execution_duration=0,
+        trace_metadata=metadata,
+        tags={TraceTagKey.TRACE_NAME: ROOT_SPAN},
+    )
+    set_request_response_preview(info, TraceData(spans=[root, retriever]))
+    return info, [root, retriever]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _row_assessments(result, i: int, *, trace_id: str, span_id: str | None, run_id: str) -> list:
+    """Row ``i``'s Feedbacks (one per metric that applies) and Expectations."""
+    out: list = []
+    for metric in result.metrics:
+        feedback = row_feedback(metric, metric.rows[i], judge=result.judge if metric.judged else None,
+                                trace_id=trace_id, span_id=span_id, run_id=run_id)
+        if feedback is not None:
+            out.append(feedback)
+    out += row_expectations(result.records[i], result.fields, dataset_digest=result.dataset_digest,
+                            trace_id=trace_id, run_id=run_id)
+    return out
+
+
+def _is_rest(tracing_client) -> bool:
+    from mlflow.store.tracking.rest_store import RestStore
+
+    return isinstance(tracing_client.store, RestStore)
+
+
+def log_row_traces(
+    result,
+    run_id: str,
+    client,
+    *,
+    experiment_id: str,
+    model_id: str | None = None,
+    existing: Sequence[str | None] | None = None,
+) -> list[str]:
+    """Log one trace per row of ``result`` (an engine EvaluationResult) with its assessments.
+
+    Args:
+        existing: per row, the id of a trace the pipeline already produced for it (its
+            assessments are added to that trace), or None for a trace written here.
+
+    Returns:
+        The trace id of every row, in row order.
+    """
+    tracing = client._tracing_client  # MlflowClient's own tracing client: same store, same URI
+    n = len(result.records)
+    existing = list(existing) if existing is not None else [None] * n
+    now_ns = time.time_ns()
+    trace_ids: list[str] = [""] * n
+    new_rows = [i for i in range(n) if not existing[i]]
+    # In chunks of rows, so memory stays bounded whatever the row count: build the chunk's
+    # traces, write their infos (one call each, carrying the assessments), then their spans.
+    for start in range(0, len(new_rows), ROWS_PER_CHUNK):
+        infos: list[TraceInfo] = []
+        spans: list[Span] = []
+        for i in new_rows[start : start + ROWS_PER_CHUNK]:
+            info, row_spans = _row_trace(result.records[i], i, experiment_id=experiment_id, run_id=run_id,
+                                         model_id=model_id, now_ns=now_ns)
+            info.assessments = _row_assessments(result, i, trace_id=info.trace_id, span_id=row_spans[0].span_id,
+                                                run_id=run_id)
+            trace_ids[i] = info.trace_id
+            infos.append(info)
+            spans += row_spans
+        # Over HTTP the calls overlap; a local store (sqlite) serialises writes, so threads
+        # would only contend for its lock.
+        if _is_rest(tracing):
+            with ThreadPoolExecutor(max_workers=8, thread_name_prefix="rag_eval_traces") as pool:
+                list(pool.map(tracing.start_trace, infos))
+        else:
+            for info in infos:
+                tracing.start_trace(info)
+        _log_spans(tracing, experiment_id, spans, infos)
+
+    pipeline_rows = [i for i in range(n) if existing[i]]
+    if pipeline_rows:
+        _assess_pipeline_traces(result, pipeline_rows, existing, tracing, run_id)
+        for i in pipeline_rows:
+            trace_ids[i] = existing[i]
+    _link(client, trace_ids, run_id)
+    return trace_ids
+
+
+def _log_spans(tracing, experiment_id: str, spans: list[Span], infos: list[TraceInfo]) -> None:
+    try:
+        tracing.log_spans(experiment_id, spans)
+    except NotImplementedError:
+        # A store without span logging (the file store) keeps each trace's spans as an artifact.
+        by_trace: dict[str, list[Span]] = {}
+        for span in spans:
+            by_trace.setdefault(span.trace_id, []).append(span)
+        for info in infos:
+            tracing._upload_trace_data(info, TraceData(spans=by_trace[info.trace_id]))
+
+
+def _assess_pipeline_traces(result, rows: list[int], existing, tracing, run_id: str) -> None:
+    traces = {t.info.trace_id: t for t in _get_traces(tracing, [existing[i] for i in rows])}
+    assessments = []
+    for i in rows:
+        trace = traces.get(existing[i])
+        root = trace.data._get_root_span() if trace is not None else None
+        assessments += _row_assessments(result, i, trace_id=existing[i], span_id=root.span_id if root else None,
+                                        run_id=run_id)
+    def log(assessment) -> None:
+        tracing.log_assessment(assessment.trace_id, assessment)
+
+    if _is_rest(tracing):  # over HTTP the calls overlap
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="rag_eval_assessments") as pool:
+            list(pool.map(log, assessments))
+    else:
+        for assessment in assessments:
+            log(assessment)
+
+
+def _get_traces(tracing, trace_ids: list[str]) -> list:
+    out = []
+    for start in range(0, len(trace_ids), 100):
+        out += tracing.batch_get_traces(trace_ids[start : start + 100])
+    return out
+
+
+def _link(client, trace_ids: list[str], run_id: str) -> None:
+    for start in range(0, len(trace_ids), LINKS_PER_CALL):
+        batch = trace_ids[start : start + LINKS_PER_CALL]
+        try:
+            client.link_traces_to_run(batch, run_id=run_id)
+        except Exception as exc:  # the file store cannot link; mlflow.sourceRun still does
+            if "not supported" in str(exc):
+                return
+            raise
+
+
+# --------------------------------------------------------------------------- pipeline traces
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def match_pipeline_traces(traces: Sequence, questions: Sequence[str]) -> list[str | None]:
+    """Which trace the pipeline produced for which row.
+
+    A trace belongs to a row when exactly one of the evaluated questions appears, as a whole
+    string, among its root span's inputs; rows with the same question take such traces in
+    the order they were made. A trace of the whole batch (its inputs hold every question)
+    belongs to no row, and a row without a trace of its own gets a new one.
+    """
+    wanted = set(questions)
+    rows_by_question: dict[str, list[int]] = {}
+    for i, question in enumerate(questions):
+        rows_by_question.setdefault(question, []).append(i)
+    out: list[str | None] = [None] * len(questions)
+    for trace in sorted(traces, key=lambda t: (t.info.request_time, t.info.trace_id)):
+        root = trace.data._get_root_span()
+        if root is None:
+            continue
+        found = {s for s in _strings(root.inputs) if s in wanted}
+        if len(found) != 1:
+            continue
+        (question,) = found
+        free = rows_by_question[question]
+        if free:
+            out[free.pop(0)] = trace.info.trace_id
+    return out
+
+
+def predict_with_traces(model, inputs, questions: Sequence[str], experiment_id: str):
+    """``model.predict(inputs)``, and per row the trace the pipeline made for it (or None).
+
+    The call runs in an MLflow evaluation prediction context, as ``mlflow.genai.evaluate``
+    runs a ``predict_fn``: traces are written synchronously and tagged with a request id
+    that finds exactly the traces this call produced.
+    """
+    import uuid
+
+    from mlflow.pyfunc.context import Context, set_prediction_context
+
+    request_id = f"rag_eval-{uuid.uuid4().hex}"
+    with set_prediction_context(Context(request_id=request_id, is_evaluate=True)):
+        output = model.predict(inputs)
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    traces, token = [], None
+    while True:
+        page = client.search_traces(
+            locations=[experiment_id], filter_string=f"tag.`{TraceTagKey.EVAL_REQUEST_ID}` = '{request_id}'",
+            max_results=500, page_token=token, include_spans=True,
+        )
+        traces += list(page)
+        token = page.token
+        if not token:
+            break
+    if not traces:
+        return output, None
+    matched = match_pipeline_traces(traces, questions)
+    n_matched = sum(t is not None for t in matched)
+    if n_matched < len(questions):
+        _logger.info(
+            "the pipeline made %d trace(s) for %d rows; %d row(s) matched one trace each, the others get "
+            "their own trace (a trace of several questions at once stays as the pipeline made it)",
+            len(traces), len(questions), n_matched,
+        )
+    return output, matched
