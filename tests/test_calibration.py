@@ -127,3 +127,91 @@ def test_bad_labels_are_refused_before_any_judging(tmp_path):
     frame.drop(columns=["answer"]).to_json(bad, orient="records", lines=True)
     out = CliRunner().invoke(main, ["calibrate", "--labels", str(bad), "--no-log"])
     assert out.exit_code == 2 and "required column 'answer'" in out.output
+
+
+# -- labels left on an evaluation run's traces (the MLflow UI, or mlflow.log_feedback) ----------
+
+def _evaluated_run(local_judge) -> str:
+    frame = _labels_frame().rename(columns={"context": "contexts"})
+    frame["contexts"] = [[c] for c in frame["contexts"]]
+    frame["question"] = [f"When does museum {i} open?" for i in range(len(frame))]
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=frame.drop(columns=["label", "id"]), model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": local_judge, "metrics": ["faithfulness"]})
+    return run.info.run_id
+
+
+def _human(name: str):
+    from mlflow.entities import AssessmentSource, AssessmentSourceType
+
+    return AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=name)
+
+
+def test_calibrate_from_the_labels_reviewers_left_on_a_run(tracking_uri, local_judge):
+    from mlflow.entities import Feedback
+
+    run_id = _evaluated_run(local_judge)
+    client = mlflow.MlflowClient()
+    experiment_id = client.get_run(run_id).info.experiment_id
+    traces = sorted(client.search_traces(locations=[experiment_id], run_id=run_id, include_spans=False),
+                    key=lambda t: int(t.info.trace_metadata["rag_eval.row"]))
+    truth = _labels_frame()["label"].tolist()  # 1 for the copied fact, 0 for the edited one
+    judged = {}
+    for trace, label in zip(traces, truth):
+        row = int(trace.info.trace_metadata["rag_eval.row"])
+        feedback = next(a for a in trace.info.assessments if isinstance(a, Feedback) and a.name == "faithfulness")
+        judged[trace.info.trace_id] = feedback.value
+        if row % 5 == 4:
+            continue  # not every row gets labelled
+        if row % 5 == 0:  # a reviewer overrides the judge's value in the UI: a HUMAN Feedback
+            mlflow.override_feedback(trace_id=trace.info.trace_id, assessment_id=feedback.assessment_id,
+                                     value=bool(label), source=_human("ana"))
+            continue
+        mlflow.log_feedback(trace_id=trace.info.trace_id, name="faithfulness", value="yes" if label else "no",
+                            source=_human("ana"))
+        if row % 5 == 1:  # two reviewers disagree: their labels average
+            mlflow.log_feedback(trace_id=trace.info.trace_id, name="faithfulness", value=not label,
+                                source=_human("ben"))
+    # Feedback under other names, or from judges, is not a label.
+    mlflow.log_feedback(trace_id=traces[4].info.trace_id, name="helpfulness", value=True, source=_human("ana"))
+
+    out = CliRunner().invoke(main, ["calibrate", "--run", run_id, "--metric", "faithfulness", "--n-boot", "100",
+                                    "--tracking-uri", tracking_uri])
+    assert out.exit_code == 0, out.output
+    assert "labels: 16   scored: 16" in out.output
+    judge = local_judge.info()
+    found = find_calibration(client, "faithfulness", judge.fingerprint, judge.prompts_version)
+    rows = json.loads(mlflow.artifacts.load_text(f"runs:/{found.info.run_id}/rag_eval/calibration_rows.json"))
+    assert len(rows) == 16
+    labels = {t.info.trace_id: (int(t.info.trace_metadata["rag_eval.row"]), y) for t, y in zip(traces, truth)}
+    for r in rows:
+        row, label = labels[r["id"]]
+        assert r["score"] == judged[r["id"]]  # the judge's own value, even where a reviewer overrode it
+        assert r["label"] == (0.5 if row % 5 == 1 else float(label))
+        assert r["n_reviewers"] == (2 if row % 5 == 1 else 1)
+    assert found.data.params["rag_eval.calibration.labels_source"] == f"run:{run_id}"
+    expected = agreement([r["score"] for r in rows], [r["label"] for r in rows], n_boot=100)
+    assert found.data.metrics["calibration/spearman"] == pytest.approx(expected["spearman"]["value"])
+
+    # Unusable input: exit 2 with the reason.
+    for args, reason in (
+        (["--run", run_id, "--label-name", "nobody_used_this"], "no human 'nobody_used_this' feedback"),
+        (["--run", run_id, "--labels", __file__], "exactly one of --labels and --run"),
+        ([], "exactly one of --labels and --run"),
+        (["--run", "0" * 32], "cannot calibrate"),
+    ):
+        out = CliRunner().invoke(main, ["calibrate", *args, "--no-log", "--tracking-uri", tracking_uri])
+        assert out.exit_code == 2 and reason in out.output, (args, out.output)
+    mlflow.log_feedback(trace_id=traces[4].info.trace_id, name="faithfulness", value=7, source=_human("ana"))
+    out = CliRunner().invoke(main, ["calibrate", "--run", run_id, "--no-log", "--tracking-uri", tracking_uri])
+    assert out.exit_code == 2 and f"trace {traces[4].info.trace_id}" in out.output and "outside [0, 1]" in out.output
+
+
+def test_label_values_the_ui_produces():
+    from mlflow_rag_eval.gate.calibration import label_value
+
+    assert [label_value(v) for v in (True, False, 1, 0, 0.25, "Yes", "no", "PASS", "fail", "0.5")] == \
+        [1.0, 0.0, 1.0, 0.0, 0.25, 1.0, 0.0, 1.0, 0.0, 0.5]
+    for bad in ("maybe", 3, -0.1, None, [1]):
+        with pytest.raises(ValueError):
+            label_value(bad)

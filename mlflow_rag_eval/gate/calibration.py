@@ -37,7 +37,10 @@ import numpy as np
 import pandas as pd
 from mlflow_rag_eval.gate.lookup import CALIBRATION_TAG
 
-__all__ = ["CalibrationResult", "calibrate", "load_labels", "FIGURES", "DEFAULT_EXPERIMENT"]
+__all__ = [
+    "CalibrationResult", "DEFAULT_EXPERIMENT", "FIGURES", "calibrate", "calibrate_from_run", "label_value",
+    "labels_from_run", "load_labels",
+]
 
 DEFAULT_EXPERIMENT = "rag_eval-calibration"
 FIGURES = ("spearman", "kendall_tau", "cohen_kappa", "accuracy", "balanced_accuracy", "auroc")
@@ -251,21 +254,156 @@ def calibrate(labels: pd.DataFrame | str | Path, metric: str = "faithfulness", j
         "status": [r.status for r in scored.rows],
         "justification": [r.justification for r in scored.rows],
     })
+    digest = hashlib.sha256(
+        frame[["answer", "contexts", "label"]].to_json(orient="records").encode()).hexdigest()[:16]
+    out = _result(rows, metric=metric_key(scored.name), judge=result.judge.name,
+                  judge_fingerprint=result.judge.fingerprint, prompts_version=result.judge.prompts_version,
+                  threshold=threshold, label_threshold=label_threshold, n_boot=n_boot, seed=seed,
+                  labels_digest=digest)
+    if log:
+        out.run_id = _log(out, experiment, client, source=str(labels) if isinstance(labels, (str, Path)) else None)
+    return out
+
+
+def _result(rows: pd.DataFrame, *, metric: str, judge: str, judge_fingerprint: str, prompts_version: str,
+            threshold: float, label_threshold: float, n_boot: int, seed: int,
+            labels_digest: str) -> CalibrationResult:
+    """Agreement figures over the scored rows of ``rows`` (label, score, status per row)."""
     ok = rows["status"] == "scored"
     figures = agreement(rows["score"][ok].to_numpy(dtype=float), rows["label"][ok].to_numpy(dtype=float),
                         threshold=threshold, label_threshold=label_threshold, n_boot=n_boot, seed=seed)
-    digest = hashlib.sha256(
-        frame[["answer", "contexts", "label"]].to_json(orient="records").encode()).hexdigest()[:16]
-    out = CalibrationResult(
-        metric=metric_key(scored.name), judge=result.judge.name, judge_fingerprint=result.judge.fingerprint,
-        prompts_version=result.judge.prompts_version, n_labels=len(frame), n_scored=int(ok.sum()),
-        n_error=int((rows["status"] == "error").sum()), n_skipped=int((rows["status"] == "skipped").sum()),
-        threshold=threshold, label_threshold=label_threshold,
-        binary_labels=bool(frame["label"].isin((0.0, 1.0)).all()), figures=figures, n_boot=n_boot,
-        seed=seed, labels_digest=digest, rows=rows,
+    return CalibrationResult(
+        metric=metric, judge=judge, judge_fingerprint=judge_fingerprint, prompts_version=prompts_version,
+        n_labels=len(rows), n_scored=int(ok.sum()), n_error=int((rows["status"] == "error").sum()),
+        n_skipped=int((rows["status"] == "skipped").sum()), threshold=threshold,
+        label_threshold=label_threshold, binary_labels=bool(rows["label"].isin((0.0, 1.0)).all()),
+        figures=figures, n_boot=n_boot, seed=seed, labels_digest=labels_digest, rows=rows,
     )
+
+
+# -- human labels left on an evaluation run's traces -------------------------------------------
+
+_YES = {"yes", "true", "pass", "passed", "correct", "1"}
+_NO = {"no", "false", "fail", "failed", "incorrect", "0"}
+
+
+def label_value(value: Any) -> float:
+    """A human Feedback value as a label in [0, 1]: booleans, numbers in [0, 1], or yes/no,
+    pass/fail, true/false words (what the MLflow UI's feedback forms produce)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if 0.0 <= float(value) <= 1.0:
+            return float(value)
+        raise ValueError(f"label {value!r} is outside [0, 1]")
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _YES:
+            return 1.0
+        if word in _NO:
+            return 0.0
+        try:
+            return label_value(float(word))
+        except ValueError:
+            pass
+    raise ValueError(f"label {value!r} is not a yes/no, a boolean or a number in [0, 1]")
+
+
+def _run_traces(client, run) -> list:
+    infos, token = [], None
+    while True:
+        page = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id,
+                                    include_spans=False, max_results=500, page_token=token)
+        infos += [t.info for t in page]
+        token = page.token
+        if not token:
+            return infos
+
+
+def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str | None = None,
+                    client=None) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Pair, trace by trace, the judge's Feedback on ``metric`` with the humans' Feedback.
+
+    On each of the run's traces: the judge's value is the Feedback named after the metric key
+    that the evaluation logged (source LLM_JUDGE or CODE, ``mlflow.assessment.sourceRunId`` =
+    the run), kept even when a reviewer overrode it in the UI; the label is the HUMAN Feedback
+    named ``label_name`` (default: the metric key), the newest of each reviewer, averaged over
+    reviewers. Traces without a label are left out; a label that is not a yes/no or a number
+    in [0, 1] stops with an error naming the trace.
+
+    Returns:
+        rows (trace id, label, score, status, justification) and the run's judge identity.
+    """
+    import mlflow
+    from mlflow.entities import AssessmentSourceType, Feedback
+
+    from mlflow_rag_eval.results import metric_key
+
+    client = client or mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    params = run.data.params
+    if run.data.tags.get("rag_eval.evaluated") != "true":
+        raise ValueError(f"run {run_id} holds no rag evaluation")
+    key = metric_key(metric)
+    label_name = label_name or key
+    rows = []
+    for info in _run_traces(client, run):
+        judged, humans = None, {}
+        for a in info.assessments or []:
+            if not isinstance(a, Feedback):
+                continue
+            source = a.source.source_type if a.source else None
+            if (a.name == key and source in (AssessmentSourceType.LLM_JUDGE, AssessmentSourceType.CODE)
+                    and (a.metadata or {}).get("mlflow.assessment.sourceRunId", run_id) == run_id):
+                judged = a
+            elif a.name == label_name and source == AssessmentSourceType.HUMAN and a.error is None \
+                    and a.value is not None:
+                who = a.source.source_id or "unknown"
+                if who not in humans or (a.create_time_ms or 0) >= (humans[who].create_time_ms or 0):
+                    humans[who] = a
+        if not humans:
+            continue
+        try:
+            label = float(np.mean([label_value(a.value) for a in humans.values()]))
+        except ValueError as exc:
+            raise ValueError(f"trace {info.trace_id}, feedback {label_name!r}: {exc}") from None
+        if judged is None:
+            status, score, why = "skipped", None, f"the evaluation logged no {key} feedback on this trace"
+        elif judged.error is not None:
+            status, score, why = "error", None, judged.error.error_message or judged.error.error_code
+        else:
+            status, score, why = "scored", float(judged.value), judged.rationale or ""
+        rows.append({"id": info.trace_id, "label": label, "score": score, "status": status,
+                     "justification": why, "n_reviewers": len(humans)})
+    identity = {k: params.get(f"rag_eval.{k}", "") for k in ("judge", "judge_fingerprint", "prompts_version")}
+    columns = ["id", "label", "score", "status", "justification", "n_reviewers"]
+    return pd.DataFrame(rows, columns=columns), identity
+
+
+def calibrate_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str | None = None,
+                       threshold: float | None = None, label_threshold: float = 0.5, n_boot: int = 1000,
+                       seed: int = 0, log: bool = True, experiment: str = DEFAULT_EXPERIMENT,
+                       client=None) -> CalibrationResult:
+    """Calibrate the judge of an evaluation run against the human labels left on its traces
+    (in the MLflow UI, or with ``mlflow.log_feedback`` and a HUMAN source): the same record
+    :func:`calibrate` makes from a labels file, for the run's judge fingerprint and prompts
+    version, so the gate finds it. No judge call is made: the scores are the run's own."""
+    from mlflow_rag_eval.results import metric_key
+
+    rows, identity = labels_from_run(run_id, metric, label_name=label_name, client=client)
+    if rows.empty:
+        raise ValueError(
+            f"run {run_id} has no human {label_name or metric_key(metric)!r} feedback on its traces; "
+            "label rows in the MLflow UI (or with mlflow.log_feedback, source HUMAN) first"
+        )
+    digest = hashlib.sha256(
+        rows[["id", "label"]].to_json(orient="records").encode()).hexdigest()[:16]
+    out = _result(rows, metric=metric_key(metric), judge=identity["judge"],
+                  judge_fingerprint=identity["judge_fingerprint"], prompts_version=identity["prompts_version"],
+                  threshold=0.5 if threshold is None else float(threshold), label_threshold=label_threshold,
+                  n_boot=n_boot, seed=seed, labels_digest=digest)
     if log:
-        out.run_id = _log(out, experiment, client, source=str(labels) if isinstance(labels, (str, Path)) else None)
+        out.run_id = _log(out, experiment, client, source=f"run:{run_id}")
     return out
 
 
