@@ -37,11 +37,16 @@ SHOWN = (
 
 
 def evaluate_variant(k: int, data, judge: str, nested: bool, model_name: str) -> tuple[str, dict[str, float]]:
-    """Log the pipeline with top-k retrieval in a new run, register it, evaluate it there."""
+    """Log the pipeline with top-k retrieval as a model, register it, evaluate it in a run.
+
+    The model is logged outside the evaluation run (MLflow 3 keeps logged models as entities
+    of their own): MLflow's Evaluation runs page lists only runs that logged no model, and the
+    evaluation run names the model it evaluated as its input.
+    """
+    model_info = log_pipeline(k=k)
+    mlflow.register_model(model_info.model_uri, model_name)
     with mlflow.start_run(run_name=f"bm25-top{k}", nested=nested) as run:
         mlflow.log_param("retriever_k", k)
-        model_info = log_pipeline(k=k)
-        mlflow.register_model(model_info.model_uri, model_name)
         result = mlflow.models.evaluate(
             model=model_info.model_uri,
             data=data,

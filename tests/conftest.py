@@ -56,3 +56,35 @@ def local_judge():
     from mlflow_rag_eval.judges.local import LocalJudge
 
     return LocalJudge()
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """What ``make demo`` leaves behind, made once per session: the quickstart run into a sqlite
+    store of its own. Tests read it (and serve it to a browser); none may change it."""
+    import contextlib
+    import importlib.util
+    import io
+    from types import SimpleNamespace
+
+    home = tmp_path_factory.mktemp("demo")
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    saved_experiment = os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+    cwd = os.getcwd()
+    out = io.StringIO()
+    try:
+        os.chdir(home)  # the store's default artifact root, ./mlruns, lands beside it
+        with contextlib.redirect_stdout(out):
+            runs, decisions = quickstart.main(["--tracking-uri", uri, "--experiment", "rag-quickstart"])
+    finally:
+        os.chdir(cwd)
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        if saved_experiment is not None:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = saved_experiment
+    experiment_id = mlflow.MlflowClient(uri).get_experiment_by_name("rag-quickstart").experiment_id
+    return SimpleNamespace(home=home, uri=uri, runs=runs, decisions=decisions, out=out.getvalue(),
+                           experiment_id=experiment_id)

@@ -3,11 +3,7 @@ artifacts the README promises."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import mlflow
-
-from conftest import ROOT
 
 PROMISED = (
     "faithfulness/mean",
@@ -19,20 +15,21 @@ PROMISED = (
 )
 
 
-def test_quickstart_logs_two_evaluated_runs(tracking_uri, capsys):
-    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
-    quickstart = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quickstart)
-
-    runs, decisions = quickstart.main(["--tracking-uri", tracking_uri, "--experiment", "qs"])
-
-    out = capsys.readouterr().out
+def test_quickstart_logs_two_evaluated_runs(demo):
+    runs, decisions, out = demo.runs, demo.decisions, demo.out
     assert "mlflow ui --backend-store-uri" in out
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(demo.uri)
     assert len(runs) == 2
     for run_id, _ in runs.values():
         run = client.get_run(run_id)
         assert set(PROMISED) <= set(run.data.metrics)
+        # An MLflow 3 evaluation run: no model logged in it (the model is its input), one
+        # trace per golden row.
+        assert run.data.tags["mlflow.runType"] == "genai_evaluate" and not run.outputs.model_outputs
+        assert [m.model_id for m in run.inputs.model_inputs] == [run.data.tags["rag_eval.model_id"]]
+        traces = client.search_traces(locations=[demo.experiment_id], run_id=run_id, max_results=500,
+                                      include_spans=False)
+        assert len(traces) == 74
         paths = {a.path for a in client.list_artifacts(run_id)}
         assert "eval_results_table.json" in paths
         assert {a.path for a in client.list_artifacts(run_id, "rag_eval")} >= {

@@ -108,9 +108,10 @@ class NorthwindRag(mlflow.pyfunc.PythonModel):
 
 
 def log_pipeline(k: int, min_overlap: float = 0.34, name: str = "rag_pipeline"):
-    """Log the pipeline as a pyfunc model in the active run; returns its ModelInfo."""
+    """Log the pipeline as a pyfunc model (in the active run, if any); returns its ModelInfo."""
     return mlflow.pyfunc.log_model(
         name=name,
+        params={"retriever_k": k, "min_overlap": min_overlap},
         python_model=NorthwindRag(),
         artifacts={"corpus": str(DATA_DIR / "corpus.jsonl")},
         model_config={"k": k, "min_overlap": min_overlap},
