@@ -19,7 +19,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["FakeJudgeServer", "free_port", "mlflow_server", "serve", "stop_process_group"]
+__all__ = [
+    "FakeJudgeServer", "free_port", "mlflow_server", "postgres_server", "s3_server", "serve", "stop_process_group",
+]
 
 _INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
 
@@ -202,22 +204,111 @@ def serve(command: list[str], *, health_url: str, log_path, env=None, cwd=None, 
 
 
 @contextlib.contextmanager
-def mlflow_server(home, *, timeout_s: float = 60.0):
-    """``mlflow server`` on 127.0.0.1 with a sqlite store and proxied artifacts under ``home``
-    (also its HOME); yields ``(url, artifacts_dir)``."""
+def mlflow_server(home, *, backend_store_uri: str | None = None, artifacts_destination: str | None = None,
+                  env: dict[str, str] | None = None, timeout_s: float = 60.0):
+    """``mlflow server`` on 127.0.0.1 with proxied artifacts; yields ``(url, artifacts)``.
+
+    Defaults: a sqlite store and an artifact folder under ``home`` (also the server's HOME).
+    ``backend_store_uri`` (e.g. ``postgresql://...``) and ``artifacts_destination`` (e.g.
+    ``s3://bucket/prefix``, with ``env`` carrying ``MLFLOW_S3_ENDPOINT_URL`` and credentials)
+    put it in front of a real deployment's stores.
+    """
     import os
     import sys
     from pathlib import Path
 
     home = Path(home)
-    artifacts = home / "artifacts"
+    artifacts = artifacts_destination or str(home / "artifacts")
     port = free_port()
-    env = {**os.environ, "HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    server_env = {**os.environ, "HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
+    server_env.pop("MLFLOW_TRACKING_URI", None)
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-               "--artifacts-destination", str(artifacts)]
+               "--workers", "1", "--backend-store-uri", backend_store_uri or f"sqlite:///{home / 'mlflow.db'}",
+               "--artifacts-destination", artifacts]
     url = f"http://127.0.0.1:{port}"
-    with serve(command, health_url=f"{url}/health", log_path=home / "server.log", env=env, cwd=home,
+    with serve(command, health_url=f"{url}/health", log_path=home / "server.log", env=server_env, cwd=home,
                timeout_s=timeout_s):
-        yield url, artifacts
+        yield url, (Path(artifacts) if "://" not in artifacts else artifacts)
+
+
+def _postgres_bin(name: str) -> str:
+    import glob
+    import shutil
+
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found: install PostgreSQL (Debian: apt-get install -y postgresql)")
+    return found
+
+
+@contextlib.contextmanager
+def postgres_server(*, database: str = "mlflow", timeout_s: float = 60.0):
+    """A throw-away PostgreSQL cluster on 127.0.0.1 (``initdb`` + ``pg_ctl``, trust auth),
+    yielding its SQLAlchemy URI ``postgresql://postgres@127.0.0.1:<port>/<database>``; the
+    cluster and its data folder are removed afterwards.
+
+    PostgreSQL refuses to run as root: as root, the cluster runs as the ``postgres`` user
+    (Debian's package creates it) in a folder that user owns.
+    """
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import tempfile
+
+    as_root = os.geteuid() == 0
+    prefix = ["runuser", "-u", "postgres", "--"] if as_root else []
+    home = tempfile.mkdtemp(prefix="rag_eval_pg_")
+    data, sock = os.path.join(home, "data"), os.path.join(home, "sock")
+    os.makedirs(sock)
+    if as_root:
+        os.chmod(home, 0o755)
+        user = pwd.getpwnam("postgres")
+        for path in (home, sock):
+            os.chown(path, user.pw_uid, user.pw_gid)
+    port = free_port()
+    pg_ctl = _postgres_bin("pg_ctl")
+    log = os.path.join(home, "postgres.log")
+
+    def run(*command: str) -> None:
+        subprocess.run([*prefix, *command], check=True, capture_output=True, timeout=timeout_s)
+
+    started = False
+    try:
+        run(_postgres_bin("initdb"), "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale")
+        run(pg_ctl, "-D", data, "-l", log, "-w", "-t", str(int(timeout_s)), "-o",
+            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        started = True
+        run(_postgres_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", database)
+        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+    except subprocess.CalledProcessError as exc:
+        tail = open(log, errors="replace").read()[-2000:] if os.path.exists(log) else ""
+        raise RuntimeError(f"PostgreSQL: {exc.cmd[len(prefix):][:2]} failed: {exc.stderr.decode()[-2000:]}\n{tail}") from exc
+    finally:
+        if started:
+            subprocess.run([*prefix, pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"], capture_output=True,
+                           timeout=timeout_s)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def s3_server(home, *, bucket: str = "mlflow-artifacts", timeout_s: float = 60.0):
+    """An S3 stand-in (moto's server, extra ``moto[server]``) on 127.0.0.1 with one bucket;
+    yields ``(endpoint_url, bucket, env)``, ``env`` being what a client or an ``mlflow server``
+    needs to reach it (``MLFLOW_S3_ENDPOINT_URL``, dummy credentials, a region)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import boto3
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"MLFLOW_S3_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with serve(command, health_url=f"{url}/moto-api/", log_path=Path(home) / "moto.log",
+               env={**os.environ, **env}, timeout_s=timeout_s):
+        boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield url, bucket, env
