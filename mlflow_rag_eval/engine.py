@@ -27,7 +27,9 @@ from mlflow_rag_eval.metrics import Metric, resolve_metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
 
-__all__ = ["DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "select_metrics"]
+__all__ = [
+    "DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite", "select_metrics",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -126,6 +128,24 @@ def select_metrics(
     return chosen
 
 
+def prepare_suite(
+    metrics: Iterable[str | Metric] | None,
+    judge: str | Judge | None,
+    available_fields: set[str],
+    mapping: ColumnMapping | None = None,
+) -> tuple[list[Metric], Judge | None]:
+    """The metric suite and the judge it needs, checked before any record is seen: every named
+    metric known and fed by the data, the judge able to perform every primitive it asks for.
+    Callers that run a pipeline first (the rag evaluator) call it before the pipeline, so a
+    wrong configuration costs no prediction."""
+    suite = select_metrics(metrics, available_fields, mapping)
+    judge_obj = get_judge(judge) if any(m.primitives for m in suite) else None
+    for metric in suite:
+        if metric.primitives and judge_obj is not None:
+            judge_obj.require(*metric.primitives, metric=metric.display_name)
+    return suite, judge_obj
+
+
 def evaluate_records(
     records: Sequence[RagRecord],
     metrics: Iterable[str | Metric] | None = None,
@@ -146,11 +166,8 @@ def evaluate_records(
     mapping = mapping or ColumnMapping()
     if available_fields is None:
         available_fields = _fields_present(records)
-    suite = select_metrics(metrics, available_fields, mapping)
-    judge_obj = get_judge(judge) if any(m.primitives for m in suite) else None
+    suite, judge_obj = prepare_suite(metrics, judge, available_fields, mapping)
     for metric in suite:
-        if metric.primitives and judge_obj is not None:
-            judge_obj.require(*metric.primitives, metric=metric.display_name)
         metric.validate(records, mapping)
     info = judge_obj.info() if judge_obj is not None else _NO_JUDGE
     progress = sys.stderr.isatty() if progress is None else progress

@@ -17,8 +17,9 @@ from mlflow_rag_eval.integrations.mlflow_traces import (
     RETRIEVER_SPAN,
     ROOT_SPAN,
     compact_evidence,
-    match_pipeline_traces,
 )
+from mlflow_rag_eval.integrations.pipeline_traces import match_pipeline_traces
+from mlflow_rag_eval.judges.base import JudgeCapabilityError
 from mlflow_rag_eval.judges.chat import PermanentError
 from mlflow_rag_eval.judges.llm import LLMJudge
 from mlflow_rag_eval.judges.scripted import ScriptedBackend, _default
@@ -247,6 +248,12 @@ def test_matching_takes_one_question_per_trace():
     assert match_pipeline_traces([], questions) == [None, None, None]
 
 
+def rubric_metric():
+    from mlflow_rag_eval.metrics.rubric import rubric
+
+    return rubric("concise", criteria="The answer is short.", steps=["Count the sentences."])
+
+
 def test_bad_input_stops_before_the_pipeline_runs_and_logs_no_trace(tracking_uri, local_judge):
     calls = []
 
@@ -257,10 +264,17 @@ def test_bad_input_stops_before_the_pipeline_runs_and_logs_no_trace(tracking_uri
 
     info = mlflow.pyfunc.log_model(name="counting", python_model=Counting())
     bad = pd.DataFrame({"question": ["q1?", "q2?"], "reference": ["r", float("nan")], "relevant_ids": [["a"], "b"]})
+    good = bad.assign(relevant_ids=[["a"], ["b"]])
     with mlflow.start_run() as run:
         with pytest.raises(RecordError, match=r"row 1, column 'relevant_ids'"):
             mlflow.models.evaluate(model=info.model_uri, data=bad, model_type="rag", evaluators="rag",
                                    evaluator_config={"judge": local_judge})
+        with pytest.raises(ValueError, match="unknown metric 'faithfulnes'"):
+            mlflow.models.evaluate(model=info.model_uri, data=good, model_type="rag", evaluators="rag",
+                                   evaluator_config={"judge": local_judge, "metrics": ["hit@5", "faithfulnes"]})
+        with pytest.raises(JudgeCapabilityError, match="'concise' needs"):  # the local judge grades no rubric
+            mlflow.models.evaluate(model=info.model_uri, data=good, model_type="rag", evaluators="rag",
+                                   evaluator_config={"judge": local_judge, "metrics": [rubric_metric()]})
     assert calls == []  # the pipeline never ran
     experiment_id = run.info.experiment_id
     assert mlflow.search_traces(locations=[experiment_id], return_type="list") == []

@@ -30,14 +30,14 @@ from mlflow.models.evaluation import EvaluationResult as MlflowEvaluationResult
 from mlflow.models.evaluation import ModelEvaluator
 from mlflow.models.evaluation.artifacts import JsonEvaluationArtifact
 
-from mlflow_rag_eval.engine import evaluate_records
+from mlflow_rag_eval.engine import evaluate_records, prepare_suite
 from mlflow_rag_eval.integrations.mlflow_logging import (
     LINEAGE_FILE,
     TABLE_FILE,
     assert_run_is_fresh,
     log_evaluation,
 )
-from mlflow_rag_eval.integrations.mlflow_traces import predict_with_traces
+from mlflow_rag_eval.integrations.pipeline_traces import predict_with_traces
 from mlflow_rag_eval.records import (
     ColumnMapping,
     predictions_to_frame,
@@ -105,10 +105,17 @@ class RagEvaluator(ModelEvaluator):
             raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
 
         frame = _dataset_frame(dataset)
+        available = {"answer", "contexts"} | {
+            field
+            for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
+            if getattr(mapping, field) in frame.columns
+        }
+        # The configuration and the golden data are checked before the pipeline runs: an
+        # unknown metric, a judge that cannot score it, or a bad cell costs no prediction
+        # and leaves no trace.
+        suite, judge = prepare_suite(config.get("metrics"), config.get("judge"), available, mapping)
         pipeline_traces = None
         if model is not None:
-            # The golden data is checked before the pipeline runs: bad input costs no
-            # prediction and leaves no trace.
             validate_inputs(frame, mapping)
             inputs = frame[list(config.get("model_input_columns") or [mapping.question])]
             experiment_id = client.get_run(run_id).info.experiment_id
@@ -124,15 +131,10 @@ class RagEvaluator(ModelEvaluator):
             )
         # Everything below the validation line is judged and logged; nothing above it is.
         records = records_from_frame(frame, mapping)
-        available = {"answer", "contexts"} | {
-            field
-            for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
-            if getattr(mapping, field) in frame.columns
-        }
         result = evaluate_records(
             records,
-            metrics=config.get("metrics"),
-            judge=config.get("judge"),
+            metrics=suite,
+            judge=judge,
             available_fields=available,
             mapping=mapping,
         )

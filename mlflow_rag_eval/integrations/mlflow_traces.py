@@ -27,7 +27,6 @@ autologging) are the rows' traces instead of synthetic ones: their assessments a
 from __future__ import annotations
 
 import json
-import logging
 import re
 import secrets
 import time
@@ -78,8 +77,6 @@ __all__ = [
     "row_feedback",
 ]
 
-_logger = logging.getLogger(__name__)
-
 ROOT_SPAN = "rag_pipeline"
 RETRIEVER_SPAN = "retrieve"
 #: trace metadata key holding the row's 0-based position in the evaluated data
@@ -119,8 +116,9 @@ def _json_default(value: Any) -> Any:
 
 
 def compact_evidence(details: Mapping[str, Any], limit: int = EVIDENCE_CHARS) -> str | None:
-    """The row's evidence as JSON of at most ``limit`` characters: texts shortened, and list
-    items past the limit replaced by a count (``{"more": n}``)."""
+    """The row's evidence as JSON of at most ``limit`` characters: texts shortened, and the
+    list items that do not fit dropped from the end, their number in ``<list>_more``. The
+    full evidence stays in the run's table artifact."""
     if not details:
         return None
     compact: dict[str, Any] = {}
@@ -135,14 +133,11 @@ def compact_evidence(details: Mapping[str, Any], limit: int = EVIDENCE_CHARS) ->
     text = json.dumps(compact, default=_json_default, ensure_ascii=False)
     if len(text) <= limit:
         return text
-    # Drop list items from the end until it fits, saying how many went.
-    lists = [k for k, v in compact.items() if isinstance(v, list)]
-    for key in lists:
+    for key in [k for k, v in compact.items() if isinstance(v, list)]:
         items = compact[key]
         while items and len(text) > limit:
-            dropped = items.pop()
-            more = compact.get(f"{key}_more", 0) + (0 if isinstance(dropped, dict) and "more" in dropped else 1)
-            compact[f"{key}_more"] = more
+            items.pop()
+            compact[f"{key}_more"] = compact.get(f"{key}_more", 0) + 1
             text = json.dumps(compact, default=_json_default, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -427,84 +422,3 @@ def _link(client, trace_ids: list[str], run_id: str) -> None:
             if "not supported" in str(exc):
                 return
             raise
-
-
-# --------------------------------------------------------------------------- pipeline traces
-
-
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
-
-
-def match_pipeline_traces(traces: Sequence, questions: Sequence[str]) -> list[str | None]:
-    """Which trace the pipeline produced for which row.
-
-    A trace belongs to a row when exactly one of the evaluated questions appears, as a whole
-    string, among its root span's inputs; rows with the same question take such traces in
-    the order they were made. A trace of the whole batch (its inputs hold every question)
-    belongs to no row, and a row without a trace of its own gets a new one.
-    """
-    wanted = set(questions)
-    rows_by_question: dict[str, list[int]] = {}
-    for i, question in enumerate(questions):
-        rows_by_question.setdefault(question, []).append(i)
-    out: list[str | None] = [None] * len(questions)
-    for trace in sorted(traces, key=lambda t: (t.info.request_time, t.info.trace_id)):
-        root = trace.data._get_root_span()
-        if root is None:
-            continue
-        found = {s for s in _strings(root.inputs) if s in wanted}
-        if len(found) != 1:
-            continue
-        (question,) = found
-        free = rows_by_question[question]
-        if free:
-            out[free.pop(0)] = trace.info.trace_id
-    return out
-
-
-def predict_with_traces(model, inputs, questions: Sequence[str], experiment_id: str):
-    """``model.predict(inputs)``, and per row the trace the pipeline made for it (or None).
-
-    The call runs in an MLflow evaluation prediction context, as ``mlflow.genai.evaluate``
-    runs a ``predict_fn``: traces are written synchronously and tagged with a request id
-    that finds exactly the traces this call produced.
-    """
-    import uuid
-
-    from mlflow.pyfunc.context import Context, set_prediction_context
-
-    request_id = f"rag_eval-{uuid.uuid4().hex}"
-    with set_prediction_context(Context(request_id=request_id, is_evaluate=True)):
-        output = model.predict(inputs)
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    traces, token = [], None
-    while True:
-        page = client.search_traces(
-            locations=[experiment_id], filter_string=f"tag.`{TraceTagKey.EVAL_REQUEST_ID}` = '{request_id}'",
-            max_results=500, page_token=token, include_spans=True,
-        )
-        traces += list(page)
-        token = page.token
-        if not token:
-            break
-    if not traces:
-        return output, None
-    matched = match_pipeline_traces(traces, questions)
-    n_matched = sum(t is not None for t in matched)
-    if n_matched < len(questions):
-        _logger.info(
-            "the pipeline made %d trace(s) for %d rows; %d row(s) matched one trace each, the others get "
-            "their own trace (a trace of several questions at once stays as the pipeline made it)",
-            len(traces), len(questions), n_matched,
-        )
-    return output, matched
