@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from mlflow_rag_eval.judges import Judge, JudgeInfo, get_judge
+from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable, get_judge
 from mlflow_rag_eval.metrics import Metric, resolve_metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
@@ -183,6 +183,8 @@ def evaluate_records(
             out = metric.compute(batch, judge_obj)
             if len(out) != len(batch):
                 raise RuntimeError(f"returned {len(out)} rows for {len(batch)}")
+        except JudgeUnreachable:  # no row can be judged: stop, before anything is logged
+            raise
         except Exception as exc:  # one metric's bug must not kill the run
             _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
             out = [RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}")] * len(batch)

@@ -21,6 +21,7 @@ __all__ = [
     "JudgeCapabilityError",
     "JudgeFailure",
     "JudgeInfo",
+    "JudgeUnreachable",
     "Outcome",
     "RelevanceItem",
     "Verdict",
@@ -66,6 +67,12 @@ class JudgeFailure(Exception):
 
 class JudgeCapabilityError(RuntimeError):
     """A metric asked a judge for a primitive it cannot perform (a configuration error)."""
+
+
+class JudgeUnreachable(RuntimeError):
+    """The judge's provider cannot be reached at all (consecutive connection failures): the
+    evaluation stops with this one error, before anything is logged, instead of turning every
+    row into the same failure."""
 
 
 Outcome = T | JudgeFailure
