@@ -1,12 +1,13 @@
-"""Runs a metric suite over records: selection, up-front checks, batches, per-row isolation.
+"""Runs a metric suite over records: up-front checks, batches, per-row isolation, a summary.
 
 Order of work, so that bad input never costs a judge call:
-1. resolve the metric names and drop (default suite) or refuse (named metrics) those the data
-   cannot feed;
-2. check the judge can perform every primitive the suite needs;
-3. let each metric validate the records (errors name row and column);
-4. score in batches; an exception inside a metric fails that batch's rows of that metric with a
-   named error and the run goes on.
+1. the suite (:mod:`mlflow_rag_eval.suite`): named metrics checked, the default suite made of
+   what the data can feed, the judge checked for every primitive;
+2. each metric validates the records (errors name row and column);
+3. score in batches; an exception inside a metric fails that batch's rows of that metric with a
+   named error and the run goes on, except :class:`JudgeUnreachable`, which stops it;
+4. :meth:`EvaluationResult.summary_text` says, per metric, what was scored, what failed and
+   why, what did not apply: every route prints it.
 """
 
 from __future__ import annotations
@@ -22,30 +23,15 @@ from typing import Any
 
 import pandas as pd
 
-from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable, get_judge
-from mlflow_rag_eval.metrics import Metric, resolve_metric
-from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest
+from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
+from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
+from mlflow_rag_eval.suite import DEFAULT_METRICS, Suite, fields_present, prepare_suite
 
-__all__ = [
-    "DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite", "select_metrics",
-]
+__all__ = ["DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite"]
 
 _logger = logging.getLogger(__name__)
-
-#: The suite run when no metric is named; metrics the data cannot feed are left out.
-DEFAULT_METRICS = (
-    "faithfulness",
-    "answer_relevancy",
-    "context_relevance",
-    "context_recall",
-    "hit@5",
-    "precision@5",
-    "recall@5",
-    "mrr",
-    "map",
-    "ndcg@10",
-)
 
 BATCH_SIZE = 1024
 
@@ -62,6 +48,34 @@ class EvaluationResult:
     judge_usage: dict[str, Any] = field(default_factory=dict)
     #: the record fields the data provided (``reference``, ``relevant_ids``, ...)
     fields: frozenset[str] = frozenset({"answer", "contexts"})
+    #: no metric was named: the suite is everything the data could feed
+    default_suite: bool = False
+    #: metric name -> why the default suite left it out
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    def summary_text(self) -> str:
+        """Per metric: rows scored, failed (the most common error kinds, one example each) and
+        not applicable (why); what the default suite left out. Printed at the end of every
+        evaluation, so a metric that failed is never found only by looking."""
+        width = max([len(m.name) for m in self.metrics] + [6])
+        lines = [f"rag eval summary: {len(self.records)} rows, judge {self.judge.name}"]
+        for m in self.metrics:
+            s = m.summary
+            mean = f"mean {s.mean:.3f}" if s.mean is not None else "no score"
+            lines.append(f"  {m.name:<{width}}  {s.n_scored:>6} scored  {s.n_error:>5} failed  "
+                         f"{s.n_skipped:>5} not applicable  {mean}")
+            for kind, n, example in m.failures()[:3]:
+                lines.append(f"  {'':<{width}}    failed {n}x {kind}, e.g. {_clip(example)}")
+            for reason, n in m.skip_reasons()[:2]:
+                lines.append(f"  {'':<{width}}    not applicable {n}x: {_clip(reason)}")
+        if self.left_out:
+            lines.append("  left out of the default suite: "
+                         + "; ".join(f"{name} ({why})" for name, why in self.left_out.items()))
+        return "\n".join(lines)
+
+    def failed_metrics(self, max_error_rate: float = 0.0) -> list[MetricResult]:
+        """The metrics whose error rate is above ``max_error_rate``."""
+        return [m for m in self.metrics if m.error_rate > max_error_rate]
 
     def aggregates(self) -> dict[str, float]:
         """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ..."""
@@ -88,64 +102,6 @@ class EvaluationResult:
         return pd.DataFrame(data)
 
 
-_FIELD_COLUMNS = {
-    "answer": "answer",
-    "contexts": "contexts",
-    "reference": "reference",
-    "relevant_ids": "relevant_ids",
-    "reference_contexts": "reference_contexts",
-    "answerable": "answerable",
-}
-
-
-def select_metrics(
-    requested: Iterable[str | Metric] | None,
-    available_fields: set[str],
-    mapping: ColumnMapping | None = None,
-) -> list[Metric]:
-    """Resolve the suite. Named metrics must be fed; the default suite takes what it can."""
-    mapping = mapping or ColumnMapping()
-    explicit = requested is not None
-    metrics = [resolve_metric(m) for m in (requested if explicit else DEFAULT_METRICS)]
-    chosen = []
-    for metric in metrics:
-        missing = [f for f in metric.requires if f not in available_fields]
-        if not missing:
-            chosen.append(metric)
-        elif explicit:
-            column = getattr(mapping, _FIELD_COLUMNS[missing[0]])
-            raise RecordError(
-                f"metric {metric.display_name!r} needs this column, which the data lacks",
-                row=None,
-                column=column,
-            )
-        else:
-            _logger.info("leaving out %s: the data has no %s", metric.display_name, missing)
-    names = [m.display_name for m in chosen]
-    duplicates = {n for n in names if names.count(n) > 1}
-    if duplicates:
-        raise ValueError(f"metric(s) named twice: {sorted(duplicates)}")
-    return chosen
-
-
-def prepare_suite(
-    metrics: Iterable[str | Metric] | None,
-    judge: str | Judge | None,
-    available_fields: set[str],
-    mapping: ColumnMapping | None = None,
-) -> tuple[list[Metric], Judge | None]:
-    """The metric suite and the judge it needs, checked before any record is seen: every named
-    metric known and fed by the data, the judge able to perform every primitive it asks for.
-    Callers that run a pipeline first (the rag evaluator) call it before the pipeline, so a
-    wrong configuration costs no prediction."""
-    suite = select_metrics(metrics, available_fields, mapping)
-    judge_obj = get_judge(judge) if any(m.primitives for m in suite) else None
-    for metric in suite:
-        if metric.primitives and judge_obj is not None:
-            judge_obj.require(*metric.primitives, metric=metric.display_name)
-    return suite, judge_obj
-
-
 def evaluate_records(
     records: Sequence[RagRecord],
     metrics: Iterable[str | Metric] | None = None,
@@ -154,6 +110,7 @@ def evaluate_records(
     available_fields: set[str] | None = None,
     mapping: ColumnMapping | None = None,
     progress: bool | None = None,
+    suite: Suite | None = None,
 ) -> EvaluationResult:
     """Score ``records`` with a metric suite and a judge (default: the local MiniLM judge).
 
@@ -161,19 +118,25 @@ def evaluate_records(
         available_fields: record fields the data provides (e.g. ``{"answer", "contexts",
             "reference"}``); defaults to what the records themselves carry.
         progress: show a progress line on stderr (default: when stderr is a terminal).
+        suite: a suite :func:`~mlflow_rag_eval.suite.prepare_suite` made already (the rag
+            evaluator makes it before the pipeline runs); ``metrics`` and ``judge`` are then
+            not used.
     """
     records = list(records)
     mapping = mapping or ColumnMapping()
     if available_fields is None:
-        available_fields = _fields_present(records)
-    suite, judge_obj = prepare_suite(metrics, judge, available_fields, mapping)
-    for metric in suite:
+        available_fields = fields_present(records)
+    if suite is None:
+        suite = prepare_suite(metrics, judge, available_fields, mapping)
+    suite.drop_inapplicable(records)
+    judge_obj = suite.judge
+    for metric in suite.metrics:
         metric.validate(records, mapping)
     info = judge_obj.info() if judge_obj is not None else _NO_JUDGE
     progress = sys.stderr.isatty() if progress is None else progress
 
-    rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite}
-    timings: dict[str, float] = {m.display_name: 0.0 for m in suite}
+    rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite.metrics}
+    timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
     lock = threading.Lock()
     done_rows = 0
 
@@ -205,12 +168,12 @@ def evaluate_records(
     # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
     # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
     # The local judge is CPU-bound: its metrics run one after another.
-    parallel = bool(getattr(judge_obj, "parallel_metrics", False)) and len(suite) > 1
+    parallel = bool(getattr(judge_obj, "parallel_metrics", False)) and len(suite.metrics) > 1
     batches = [records[i : i + BATCH_SIZE] for i in range(0, len(records), BATCH_SIZE)]
-    with ThreadPoolExecutor(max_workers=len(suite) if parallel else 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(suite.metrics) if parallel else 1) as pool:
         for batch in batches:
-            outs = list(pool.map(lambda m: run(m, batch), suite))
-            for metric, out in zip(suite, outs):
+            outs = list(pool.map(lambda m: run(m, batch), suite.metrics))
+            for metric, out in zip(suite.metrics, outs):
                 rows[metric.display_name].extend(out)
             done_rows += len(batch)
     if progress:
@@ -223,7 +186,7 @@ def evaluate_records(
             greater_is_better=m.greater_is_better,
             judged=bool(m.primitives),
         )
-        for m in suite
+        for m in suite.metrics
     ]
     return EvaluationResult(
         records=records,
@@ -233,6 +196,8 @@ def evaluate_records(
         timings=timings,
         judge_usage=judge_obj.usage() if judge_obj is not None else {},
         fields=frozenset(available_fields),
+        default_suite=suite.default,
+        left_out=dict(suite.left_out),
     )
 
 
@@ -244,14 +209,6 @@ def no_judge() -> JudgeInfo:
     return _NO_JUDGE
 
 
-def _fields_present(records: Sequence[RagRecord]) -> set[str]:
-    present = {"answer", "contexts"}
-    if any(r.reference for r in records):
-        present.add("reference")
-    if any(r.relevant_ids is not None for r in records):
-        present.add("relevant_ids")
-    if any(r.reference_contexts is not None for r in records):
-        present.add("reference_contexts")
-    if any(not r.answerable for r in records):
-        present.add("answerable")
-    return present
+def _clip(text: str, n: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"

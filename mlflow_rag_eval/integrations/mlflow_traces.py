@@ -27,7 +27,6 @@ autologging) are the rows' traces instead of synthetic ones: their assessments a
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,7 +62,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from mlflow_rag_eval.judges import JudgeInfo
 from mlflow_rag_eval.records import RagRecord
-from mlflow_rag_eval.results import MetricResult, RowResult
+from mlflow_rag_eval.results import MetricResult, RowResult, error_kind
 
 __all__ = [
     "EXPECTATION_FIELDS",
@@ -91,7 +90,6 @@ SPANS_PER_CALL = 2 * ROWS_PER_CHUNK
 #: evidence kept in a Feedback's metadata (the full evidence is in the table artifact)
 EVIDENCE_CHARS = 4000
 _TEXT_CHARS = 300
-_KIND = re.compile(r"^([A-Za-z][A-Za-z0-9_]*):")
 
 
 # --------------------------------------------------------------------------- assessments
@@ -143,10 +141,7 @@ def compact_evidence(details: Mapping[str, Any], limit: int = EVIDENCE_CHARS) ->
 
 
 def _error(row: RowResult) -> AssessmentError:
-    match = _KIND.match(row.error or "")
-    return AssessmentError(
-        error_code=match.group(1) if match else "RAG_EVAL_ERROR", error_message=row.error or "unknown error"
-    )
+    return AssessmentError(error_code=error_kind(row.error), error_message=row.error or "unknown error")
 
 
 def row_feedback(

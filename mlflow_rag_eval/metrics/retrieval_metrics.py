@@ -44,6 +44,12 @@ def ranked_relevance(records: Sequence[RagRecord]) -> kernels.RankedRelevance:
 class _RetrievalMetric(Metric):
     requires: ClassVar[tuple[str, ...]] = ("contexts", "relevant_ids")
 
+    def __post_init__(self):
+        # hit@0 is not a metric with no relevant rank: it is a typo, refused before any row.
+        k = getattr(self, "k", None)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"metric {self.name}@{k}: the cut-off k must be an integer of at least 1")
+
     def not_applicable(self, record):
         if not record.relevant_ids or not any(g > 0 for g in record.relevant_ids.values()):
             return "no relevant ids for this question"
