@@ -43,7 +43,7 @@ from pydantic import PrivateAttr
 from mlflow_rag_eval.integrations.mlflow_traces import EXPECTATION_FIELDS, row_feedback
 from mlflow_rag_eval.judges import Judge, JudgeInfo, get_judge
 from mlflow_rag_eval.metrics import Metric, resolve_metric
-from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest, records_from_frame
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.results import MetricResult, RowResult, summarize
 
 _logger = logging.getLogger(__name__)
@@ -68,14 +68,18 @@ def _aggregation(stat: str, metric_key: str):
     return aggregate
 
 
-def contexts_from_trace(trace) -> list[dict[str, Any]]:
-    """The documents of the trace's RETRIEVER spans, in order, as ``{"id", "text"}``."""
+def contexts_from_trace(trace) -> list[dict[str, Any]] | None:
+    """The documents of the trace's RETRIEVER spans, in order, as ``{"id", "text"}``; None
+    when there is no trace or it has no RETRIEVER span (nothing says what was retrieved)."""
     if trace is None:
-        return []
+        return None
     from mlflow.entities import SpanType
 
+    spans = trace.search_spans(span_type=SpanType.RETRIEVER)
+    if not spans:
+        return None
     out = []
-    for span in trace.search_spans(span_type=SpanType.RETRIEVER):
+    for span in spans:
         for doc in span.outputs or []:
             if isinstance(doc, str):
                 out.append({"text": doc})
@@ -100,7 +104,7 @@ def _record_frame(inputs, outputs, expectations, trace):
     if contexts is None:
         contexts = contexts_from_trace(trace)
     expectations = dict(expectations or {})
-    row = {"question": question, "answer": answer, "contexts": contexts}
+    row = {"question": question, "answer": answer, "contexts": contexts if contexts is not None else []}
     reference = expectations.get("reference", expectations.get("expected_response"))
     for key, value in (("reference", reference), ("relevant_ids", expectations.get("relevant_ids")),
                        ("answerable", expectations.get("answerable")),
@@ -109,7 +113,7 @@ def _record_frame(inputs, outputs, expectations, trace):
             row[key] = value
     import pandas as pd
 
-    return pd.DataFrame([row])
+    return pd.DataFrame([row]), contexts is not None
 
 
 class RagScorer(Scorer):
@@ -132,17 +136,23 @@ class RagScorer(Scorer):
         start = time.perf_counter()
         record, fields = None, {"answer", "contexts"}
         try:
-            frame = _record_frame(inputs, outputs, expectations, trace)
+            frame, has_contexts = _record_frame(inputs, outputs, expectations, trace)
             fields |= {c for c in EXPECTATION_FIELDS if c in frame}
             (record,) = records_from_frame(frame, ColumnMapping())
             missing = [f for f in metric.requires if f not in fields]
-            if missing:
+            if "contexts" in metric.requires and not has_contexts:
+                # Nothing says what was retrieved: scoring it as "retrieved nothing" would be a
+                # made-up 0, so the row fails, saying where contexts are read from.
+                row = RowResult.failed("NoContexts: the outputs have no 'contexts' and the trace no RETRIEVER span")
+            elif missing:
                 row = RowResult.not_applicable(f"no {missing[0]} in the expectations")
             else:
                 if judge is not None:
                     judge.require(*metric.primitives, metric=metric.display_name)
                 metric.validate([record], ColumnMapping())
                 (row,) = metric.compute([record], judge)
+        except RecordError as exc:  # the row is the trace: its position in a one-row frame means nothing
+            row = RowResult.failed(f"RecordError: column {exc.column!r}: {exc.reason}")
         except Exception as exc:  # one row's bad input is that row's named error
             row = RowResult.failed(f"{type(exc).__name__}: {exc}")
         result = MetricResult(name=metric.display_name, spec=metric.spec(), rows=(row,),
@@ -159,6 +169,8 @@ _RUNS_LOCK = threading.Lock()
 #: rows collected per evaluation run, until MLflow aggregates them (then written and dropped)
 _RUNS: dict[str, _RunRows] = {}
 _MAX_OPEN_RUNS = 16
+#: run tag set when rows evaluated by the scorers are missing from the tracking store
+LOST_ROWS_TAG = "rag_eval.rows_lost"
 
 
 @dataclass
@@ -169,6 +181,8 @@ class _RunRows:
     metrics: dict[str, tuple[int, MetricResult, JudgeInfo | None]] = field(default_factory=dict)
     judges: dict[str, Judge] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: scorer calls MLflow made without a trace: MLflow failed to store the row's trace
+    traceless: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -181,7 +195,7 @@ def _current_run_id() -> str | None:
 def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None, fields: set[str],
              result: MetricResult, judge: JudgeInfo | None, seconds: float) -> None:
     run_id = _current_run_id()
-    if run_id is None or trace is None:
+    if run_id is None:
         return  # called outside an evaluation: nothing to write
     with _RUNS_LOCK:
         run = _RUNS.get(run_id)
@@ -189,6 +203,10 @@ def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None
             while len(_RUNS) >= _MAX_OPEN_RUNS:  # runs MLflow never aggregated (all rows failed)
                 _RUNS.pop(next(iter(_RUNS)))
             run = _RUNS[run_id] = _RunRows()
+    if trace is None:  # MLflow could not store this row's trace (e.g. its sqlite pool ran dry)
+        with run.lock:
+            run.traceless += 1
+        return
     if record is None:  # the row's input was unusable: keep it, with what can be shown
         question = inputs.get("question") if isinstance(inputs, Mapping) else inputs
         record = RagRecord(question=str(question if question is not None else ""),
@@ -225,7 +243,7 @@ def _write(run_id: str, run: _RunRows) -> None:
     from mlflow import MlflowClient
 
     from mlflow_rag_eval.engine import EvaluationResult, no_judge
-    from mlflow_rag_eval.integrations.mlflow_logging import assert_run_is_fresh, log_run_contents
+    from mlflow_rag_eval.integrations.mlflow_logging import announce, assert_run_is_fresh, log_run_contents
 
     client = MlflowClient()
     try:
@@ -258,8 +276,41 @@ def _write(run_id: str, run: _RunRows) -> None:
         f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 for stat in _STATS
     )
     model_ids = {r["model_id"] for r in rows if r["model_id"]}
-    tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else None
+    tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}
+    lost = _lost_rows(client, run_id, result, trace_ids, traceless=run.traceless // max(len(metrics), 1))
+    if lost:
+        tags[LOST_ROWS_TAG] = str(lost)
     log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow)
+    announce(result)
+    if lost:
+        _logger.error(
+            "run %s: %d evaluated row(s) are not in the tracking store with their assessments (MLflow "
+            "failed to store their traces or Feedback): its aggregates cover fewer rows than were "
+            "evaluated. The run is tagged %s; re-run the evaluation (with MLFLOW_GENAI_EVAL_MAX_WORKERS=4 "
+            "on a sqlite store).", run_id, lost, LOST_ROWS_TAG,
+        )
+
+
+def _lost_rows(client, run_id: str, result, trace_ids: list[str], *, traceless: int) -> int:
+    """Rows whose trace or Feedback did not reach the store: the scorers saw no trace, or the
+    stored trace lacks a Feedback a metric returned for it."""
+    run = client.get_run(run_id)
+    stored: dict[str, set[str]] = {}
+    token = None
+    while True:
+        page = client.search_traces(locations=[run.info.experiment_id], run_id=run_id, include_spans=False,
+                                    max_results=500, page_token=token)
+        for trace in page:
+            stored[trace.info.trace_id] = {a.name for a in trace.info.assessments or []}
+        token = page.token
+        if not token:
+            break
+    lost = traceless
+    for i, trace_id in enumerate(trace_ids):
+        expected = {m.key for m in result.metrics if m.rows[i].status != "skipped"}
+        if trace_id not in stored or not expected <= stored[trace_id]:
+            lost += 1
+    return lost
 
 
 def rag_scorer(metric: str | Metric, judge: str | Judge | None = None) -> RagScorer:
