@@ -305,3 +305,15 @@ def test_other_clients_reply_is_parsed():
     backend._client = ScriptedClient(completion("yes"))
     reply = backend.complete(ask())
     assert (reply.text, reply.tokens_in, reply.tokens_out) == ("yes", 13, 4)
+
+
+def test_a_credential_echoed_in_a_reply_is_redacted(monkeypatch):
+    """A server that puts a token it was sent into its reply must not get it into the cache,
+    justifications or reports: the backend replaces every credential it knows by ***."""
+    token = "dapi-DO-NOT-STORE-0123456789"
+    monkeypatch.setenv("DATABRICKS_TOKEN", token)
+    backend = MlflowEndpointsBackend("judge", target_uri="databricks")
+    backend._client = ScriptedClient(completion(f'{{"reason": "you sent {token}", "supported": true}}'))
+    reply = backend.complete(ask())
+    assert token not in reply.text
+    assert reply.text == '{"reason": "you sent ***", "supported": true}'

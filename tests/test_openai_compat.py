@@ -230,10 +230,12 @@ def test_timeout(server):
 
 def test_connection_refused(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    backend = OpenAICompatBackend("m", base_url=f"http://127.0.0.1:{free_closed_port()}/v1")
+    base_url = f"http://127.0.0.1:{free_closed_port()}/v1"
+    backend = OpenAICompatBackend("m", base_url=base_url)
     with pytest.raises(TransientError) as info:
         backend.complete(ask(timeout=2.0))
     assert info.value.kind == "ConnectionError"
+    assert str(info.value) == f"ConnectionError: {base_url} (m): connection refused"  # kind once, no addresses
     assert SECRET not in str(info.value) and SECRET not in repr(info.value)
     assert info.value.__cause__ is None and info.value.__context__ is None  # no request/headers
 
@@ -254,6 +256,25 @@ def test_schema_unsupported(server):
     assert info.value.kind == "SchemaUnsupported"
 
 
+def test_a_5xx_about_the_schema_is_schema_unsupported_not_retried(server):
+    # llama-cpp-python's server answers the OpenAI form with a 500 naming the field.
+    server.reply = (500, {}, {"error": {"message": "1 validation error for CreateChatCompletionRequest\n"
+                                                   "response_format.type\n  Input should be 'text' or 'json_object'"}})
+    with pytest.raises(PermanentError) as info:
+        OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
+    assert info.value.kind == "SchemaUnsupported"
+    with pytest.raises(TransientError) as info:  # the same 500 without a schema sent: a server error
+        OpenAICompatBackend("m", base_url=server.base_url).complete(ask(schema=None))
+    assert info.value.kind == "ServerError"
+
+
+def test_the_request_can_ask_for_json_object(server):
+    backend = OpenAICompatBackend("m", base_url=server.base_url)
+    backend.complete(ChatRequest(messages=ask().messages, schema=SCHEMA, response_format="json_object"))
+    assert server.requests[-1]["body"]["response_format"] == {"type": "json_object", "schema": SCHEMA}
+    assert backend.response_formats == ("json_schema", "json_object")
+
+
 def test_other_4xx_are_permanent(server, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     backend = OpenAICompatBackend("m", base_url=server.base_url)
@@ -270,6 +291,43 @@ def test_other_4xx_are_permanent(server, monkeypatch):
             backend.complete(ask())
         assert info.value.kind == kind, status
         assert SECRET not in str(info.value) and SECRET not in repr(info.value.args)
+
+
+def test_an_api_key_echoed_in_a_reply_is_redacted(server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    echo = f'{{"supported": true, "reason": "you sent {SECRET}"}}'
+    server.reply = (200, {}, completion(echo, model=f"m-{SECRET}", refusal=None))
+    reply = OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
+    assert reply.text == '{"supported": true, "reason": "you sent ***"}'
+    assert SECRET not in repr(reply)
+    # A placeholder key (local servers take "EMPTY", "ollama") is no secret: replacing that word
+    # in replies would corrupt them.
+    monkeypatch.setenv("OPENAI_API_KEY", "true")
+    server.reply = (200, {}, completion('{"supported": true}'))
+    assert OpenAICompatBackend("m", base_url=server.base_url).complete(ask()).text == '{"supported": true}'
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [{"prompt_tokens": "many", "completion_tokens": 5}, {"prompt_tokens": -1, "completion_tokens": 5},
+     {"prompt_tokens": {"n": 1}, "completion_tokens": 5}, "lots"],
+    ids=["text", "negative", "object", "not-a-dict"],
+)
+def test_unreadable_usage_is_unknown_never_an_exception(server, usage):
+    server.reply = (200, {}, {**completion(), "usage": usage, "model": ["x"]})
+    reply = OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
+    assert reply.tokens_in is None and reply.text == '{"supported": true}'
+    assert reply.model == "m"  # an unreadable model id falls back to the one asked for
+
+
+def test_a_reply_over_the_size_limit_is_refused(server, monkeypatch):
+    from mlflow_rag_eval.judges import openai_compat
+
+    monkeypatch.setattr(openai_compat, "MAX_REPLY_BYTES", 1000)
+    server.reply = (200, {}, completion("x" * 5000))
+    with pytest.raises(PermanentError) as info:
+        OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
+    assert info.value.kind == "ReplyTooLarge"
 
 
 def test_refusal(server):

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure
+from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.llm import LLMJudge
 from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
@@ -300,6 +300,8 @@ class DeepEvalMetric(Metric):
                 await metric.a_measure(test_case, _show_indicator=False)
             except JudgeFailure as exc:
                 return RowResult.failed(f"{exc.kind}: {exc.message}")
+            except JudgeUnreachable:  # no row can be judged: the evaluation stops
+                raise
             except Exception as exc:  # one row's failure never stops the others
                 return RowResult.failed(f"{type(exc).__name__}: {exc}")
             return _row(metric)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NamedTuple
 
-from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure
+from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
 from mlflow_rag_eval.records import RagRecord
@@ -430,6 +430,8 @@ class RagasMetric(Metric):
             try:
                 result = await metric.ascore(**{f: values[f] for f in self._spec.fields})
                 value = float("nan") if result.value is None else float(result.value)
+            except JudgeUnreachable:  # no row can be judged: the evaluation stops
+                raise
             except Exception as exc:  # one row's failure never touches the others
                 return RowResult.failed(_error(exc), ragas_replies=log.replies)
             if log.failures:

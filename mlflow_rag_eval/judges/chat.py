@@ -6,6 +6,11 @@ A provider ("backend") turns one :class:`ChatRequest` into one :class:`ChatReply
 Retries, backoff, caching, parsing, concurrency and accounting live above it, in
 :class:`~mlflow_rag_eval.judges.llm.LLMJudge`, once for every provider. Provider SDKs are
 imported only inside the backend that needs them.
+
+A request that never reached a server able to answer (refused, reset, host not found, no
+connection within the connect timeout) is a ``TransientError`` of kind :data:`CONNECTION_ERROR`:
+the judge counts those to declare a provider unreachable, so backends must use that kind for
+them and only for them (a slow server is ``Timeout``, an HTTP error status is not either).
 """
 
 from __future__ import annotations
@@ -13,7 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ChatBackend", "ChatReply", "ChatRequest", "PermanentError", "TransientError"]
+__all__ = [
+    "CONNECTION_ERROR",
+    "RESPONSE_FORMATS",
+    "ChatBackend",
+    "ChatReply",
+    "ChatRequest",
+    "PermanentError",
+    "TransientError",
+]
+
+#: The kind of a TransientError for a request that never reached a server able to answer.
+CONNECTION_ERROR = "ConnectionError"
+#: How a schema can be asked for: OpenAI's ``json_schema``, or ``json_object`` with the schema
+#: beside it (llama-cpp-python's server turns that into a grammar).
+RESPONSE_FORMATS = ("json_schema", "json_object")
 
 
 @dataclass(frozen=True)
@@ -25,10 +44,15 @@ class ChatRequest:
         schema: JSON schema the reply must follow (for providers with structured output).
         schema_name: a short name for the schema (OpenAI's ``json_schema.name``).
         params: generation parameters (``temperature``, ``max_tokens``, ``seed``, ...).
-        timeout: seconds for this attempt.
+        timeout: total seconds for this attempt (connecting, sending, waiting and reading the
+            reply together). HTTP backends enforce it as wall-clock time, not per socket read:
+            a server that trickles its reply must not hold a row past the judge's deadline.
         template_id: which prompt template produced the messages (scripted backends and
             accounting use it; providers do not send it).
         variables: the template's variables, for scripted backends only.
+        response_format: how to ask for the schema, one of :data:`RESPONSE_FORMATS`, or None
+            for the backend's own choice. The judge sets it when it falls back from a format
+            the server refused; backends with a single way of asking ignore it.
     """
 
     messages: list[dict[str, str]]
@@ -38,6 +62,7 @@ class ChatRequest:
     timeout: float = 60.0
     template_id: str = ""
     variables: dict[str, Any] = field(default_factory=dict)
+    response_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,19 +86,28 @@ class ChatReply:
 
 
 class TransientError(Exception):
-    """A failure worth retrying (timeout, 429, 5xx, connection refused)."""
+    """A failure worth retrying (timeout, 429, 5xx, connection refused).
+
+    ``str()`` is ``"<kind>: <message>"``; ``message`` alone is kept so that the layer above,
+    which names failures by kind too, never prefixes the kind a second time.
+    """
 
     def __init__(self, kind: str, message: str, retry_after: float | None = None):
         self.kind = kind
+        self.message = message
         self.retry_after = retry_after
         super().__init__(f"{kind}: {message}")
 
 
 class PermanentError(Exception):
-    """A failure not worth retrying (bad request, auth, unknown model, refusal)."""
+    """A failure not worth retrying (bad request, auth, unknown model, refusal).
+
+    ``str()`` is ``"<kind>: <message>"``; ``message`` is the text without the kind.
+    """
 
     def __init__(self, kind: str, message: str):
         self.kind = kind
+        self.message = message
         super().__init__(f"{kind}: {message}")
 
 
@@ -84,7 +118,9 @@ class ChatBackend(Protocol):
     provider: str  # "openai", "bedrock", "endpoints", "llamacpp", "scripted"
     model: str  # the model asked for
     base_url: str | None  # where requests go (None for in-process and SDK-routed providers)
-    #: whether the provider enforces a JSON schema on its output
+    #: whether the provider enforces a JSON schema on its output. A backend that can ask in
+    #: more than one way lists them in an optional ``response_formats`` attribute (a tuple
+    #: from :data:`RESPONSE_FORMATS`) and honours ``ChatRequest.response_format``.
     supports_schema: bool
     #: a sane default for concurrent requests to this provider
     default_concurrency: int

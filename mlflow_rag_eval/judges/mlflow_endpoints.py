@@ -18,6 +18,12 @@ client exposes them (``requests.HTTPError`` carries the status; a timeout surfac
 
 The gateway does not forward an upstream ``Retry-After`` header (seen with mlflow 3.17.2), so
 a rate limit behind a gateway usually arrives with ``retry_after=None``.
+
+Credentials this backend knows (the MLflow and Databricks tokens and secrets in
+:data:`_SECRET_ENVS`) are replaced by ``***`` in error messages and in every reply's text, so
+a server that echoes one cannot get it into the cache or a report. The request's timeout is
+passed to the HTTP client as is: unlike the ``openai`` backend it bounds each socket read, not
+the whole attempt (MLflow's client owns the connection).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl
 
-from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest, PermanentError, TransientError
+from mlflow_rag_eval.judges.chat import CONNECTION_ERROR, ChatReply, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.openai_compat import error_for_status, parse_chat_completion, scrub
 
 __all__ = ["MlflowEndpointsBackend", "parse_endpoints_target"]
@@ -117,7 +123,7 @@ class MlflowEndpointsBackend:
             payload = self._predict(client, inputs, where, secrets, schema_sent)
         if not isinstance(payload, dict):
             raise TransientError("ServerError", f"{where}: reply is not a JSON object")
-        return parse_chat_completion(payload, default_model=self.model, where=where)
+        return parse_chat_completion(payload, default_model=self.model, where=where, secrets=secrets)
 
     def _gateway_call(self, client, inputs, timeout, where, secrets, schema_sent) -> Any:
         """One POST to ``/endpoints/<name>/invocations``, as the gateway client's predict makes it."""
@@ -172,7 +178,7 @@ class MlflowEndpointsBackend:
         except requests.HTTPError as exc:
             detail = f"{where}: {scrub(str(exc), secrets)}"
             if exc.response is None:
-                failure = TransientError("ConnectionError", detail)
+                failure = TransientError(CONNECTION_ERROR, detail)
             else:
                 failure = error_for_status(
                     exc.response.status_code, exc.response.headers, detail, schema_sent=schema_sent
@@ -203,6 +209,8 @@ def _transport_error(exc: Exception, where: str, secrets: tuple[str | None, ...]
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        if isinstance(cause, requests.ConnectTimeout):  # never connected: counts as unreachable
+            return TransientError(CONNECTION_ERROR, f"{where}: no connection in time")
         if isinstance(cause, requests.Timeout):
             return TransientError("Timeout", f"{where}: no answer in time ({type(cause).__name__})")
         if isinstance(cause, requests.ConnectionError):
@@ -214,7 +222,7 @@ def _transport_error(exc: Exception, where: str, secrets: tuple[str | None, ...]
                 reason, urllib3.exceptions.NewConnectionError
             ):
                 return TransientError("Timeout", f"{where}: no answer in time ({type(reason).__name__})")
-            return TransientError("ConnectionError", f"{where}: {type(cause).__name__}")
+            return TransientError(CONNECTION_ERROR, f"{where}: {type(cause).__name__}")
         cause = cause.__cause__ or cause.__context__
     message = scrub(getattr(exc, "message", None) or str(exc), secrets)
     if "timed out" in message.lower():

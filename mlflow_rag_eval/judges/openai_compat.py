@@ -5,28 +5,52 @@ request, so one class with plain ``requests`` covers them. Each :meth:`complete`
 exactly one HTTP attempt and maps the outcome onto :mod:`~mlflow_rag_eval.judges.chat`'s
 exceptions; retries, backoff, caching and parsing live in the layer above.
 
+Time: a request's ``timeout`` is the attempt's total wall-clock budget. requests' own timeouts
+bound each socket operation, so a server sending one byte every half second never trips them;
+here a timer shuts the attempt's connection down when the budget runs out (see
+:class:`_AttemptClock`), which wakes the blocked read at once and gives ``Timeout``. Connecting
+has its own shorter limit (``connect_timeout``); a refused, reset or unresolvable connection,
+or none within that limit, is ``ConnectionError`` (:data:`~.chat.CONNECTION_ERROR`), the kind the
+layer above counts to declare a server unreachable. Replies are read up to
+:data:`MAX_REPLY_BYTES`.
+
 Structured output: when a request carries a schema and ``supports_schema`` is true, the
-request asks for ``response_format={"type": "json_schema", ..., "strict": true}``. Servers that
-do not know that field answer 400; such a 400 (whose body mentions ``response_format`` or
-``json_schema``) raises ``PermanentError("SchemaUnsupported", ...)``, the signal for the layer
-above to fall back to prompt-and-parse. ``{"type": "json_object"}`` is never sent: several
-local servers reject it, and prompt-and-parse already covers the case.
+request asks for ``response_format={"type": "json_schema", ..., "strict": true}``, or for
+``{"type": "json_object", "schema": ...}`` (llama-cpp-python's grammar form) when the backend
+or the request says ``json_object``. A 4xx or 5xx whose body names ``response_format``,
+``json_schema`` or ``json_object`` after a schema was sent raises
+``PermanentError("SchemaUnsupported", ...)``: llama-cpp-python's server answers 500 to the
+OpenAI form, so a 5xx of that kind is no reason to retry. The layer above then falls back to
+``json_object``, then to prompt-and-parse.
 
 The API key is read from the environment variable ``api_key_env`` on every request and is
-never stored on the backend, shown in its ``repr``, its ``identity()`` or any error message.
+never stored on the backend, shown in its ``repr``, its ``identity()`` or any error message;
+a reply that echoes it gets ``***`` in its place, so no cache entry, justification or report
+can hold it.
 """
 
 from __future__ import annotations
 
 import email.utils
+import functools
+import json
 import os
 import re
+import socket
 import threading
 import time
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest, PermanentError, TransientError
+from mlflow_rag_eval.judges.chat import (
+    CONNECTION_ERROR,
+    RESPONSE_FORMATS,
+    ChatReply,
+    ChatRequest,
+    PermanentError,
+    TransientError,
+)
+from mlflow_rag_eval.judges.usage import token_count
 
 __all__ = [
     "OpenAICompatBackend",
@@ -34,13 +58,23 @@ __all__ = [
     "parse_chat_completion",
     "parse_openai_target",
     "parse_retry_after",
+    "redact",
     "scrub",
 ]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: How much of an error body goes into an exception message.
 _DETAIL_CHARS = 300
-_SCHEMA_WORDS = re.compile(r"response_format|json_schema", re.I)
+_SCHEMA_WORDS = re.compile(r"response_format|json_schema|json_object", re.I)
+#: Seconds to establish a connection, capped by the attempt's budget. A server that takes
+#: longer to accept is treated as unreachable, not slow.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+#: A judge reply is a few kilobytes; a body past this is a broken server, not a verdict.
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
+#: Secrets shorter than this are not redacted from replies: local servers take placeholder
+#: keys such as ``EMPTY`` or ``ollama``, and replacing those words would corrupt verdicts.
+_MIN_SECRET_CHARS = 8
 
 
 def parse_retry_after(headers: Any, now: float | None = None) -> float | None:
@@ -87,29 +121,43 @@ def scrub(text: str, secrets: tuple[str | None, ...] = ()) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
 
+def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
+    """``text`` with every secret of at least 8 characters replaced by ``***``, nothing else
+    changed (unlike :func:`scrub`, for reply text that is parsed afterwards).
+
+    A server that echoes the API key into a reply would otherwise put it in the cache, the
+    justifications, the report and the traces.
+    """
+    for secret in secrets:
+        if secret and len(secret) >= _MIN_SECRET_CHARS and secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
 def error_for_status(
     status: int, headers: Any, detail: str, *, schema_sent: bool = False
 ) -> TransientError | PermanentError:
     """The exception for a non-2xx HTTP answer (``detail`` must already be scrubbed).
 
-    429 is ``RateLimited`` and 5xx ``ServerError`` (both with ``retry_after`` from the
-    headers), 408 ``Timeout``; 401/403 ``AuthError``, 404 ``NotFound``; a 400/422 about
-    ``response_format``/``json_schema`` after a schema was sent is ``SchemaUnsupported``;
-    any other 4xx is ``BadRequest``.
+    429 is ``RateLimited``, 408 ``Timeout``, 401/403 ``AuthError``, 404 ``NotFound``. After a
+    schema was sent, any other 4xx *or 5xx* whose detail names ``response_format``,
+    ``json_schema`` or ``json_object`` is ``SchemaUnsupported`` (permanent: the same request
+    fails the same way; llama-cpp-python's server answers 500 to the OpenAI form). Other 5xx
+    are ``ServerError`` (with ``retry_after`` from the headers), other 4xx ``BadRequest``.
     """
     message = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
     if status == 429:
         return TransientError("RateLimited", message, retry_after=parse_retry_after(headers))
-    if status >= 500:
-        return TransientError("ServerError", message, retry_after=parse_retry_after(headers))
     if status == 408:
         return TransientError("Timeout", message)
     if status in (401, 403):
         return PermanentError("AuthError", message)
     if status == 404:
         return PermanentError("NotFound", message)
-    if schema_sent and status in (400, 422) and _SCHEMA_WORDS.search(detail):
+    if schema_sent and _SCHEMA_WORDS.search(detail):
         return PermanentError("SchemaUnsupported", message)
+    if status >= 500:
+        return TransientError("ServerError", message, retry_after=parse_retry_after(headers))
     return PermanentError("BadRequest", message)
 
 
@@ -131,8 +179,234 @@ def _text_of(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return str(content)
+
+
+# -- one attempt's wall-clock budget ------------------------------------------------------------
+
+_ATTEMPT = threading.local()  # the clock of the attempt this thread is making, if any
+
+
+class _AttemptClock:
+    """The wall-clock budget of one HTTP attempt, enforced while the reply streams.
+
+    requests' ``timeout`` bounds each socket operation: a server that sends a byte every half
+    second (or trickles its headers) never trips it and can hold a row for minutes. While a
+    clock runs (a context manager, one per attempt and thread), every connection the thread's
+    requests use registers with it (:func:`_watched`); when the budget runs out a timer shuts
+    those sockets down, which wakes a blocked read at once. The caller then sees a failed read
+    with :attr:`expired` set and reports a ``Timeout``. The shutdown happens under the lock that
+    ends the attempt, so a connection handed back to the pool is never shut afterwards.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.expired = False
+        self._connections: list[Any] = []
+        self._done = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _AttemptClock:
+        _ATTEMPT.clock = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+        _ATTEMPT.clock = None
+
+    def watch(self, connection: Any) -> None:
+        """Register a connection (again after it connects: it may have had no socket before)."""
+        with self._lock:
+            if not any(c is connection for c in self._connections):
+                self._connections.append(connection)
+            if self.expired and not self._done:
+                _shut(connection)
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for connection in self._connections:
+                _shut(connection)
+
+
+def _shut(connection: Any) -> None:
+    """Shut a connection's socket down for reading and writing, without closing it (the
+    thread blocked on it closes it). ``socket.socket.shutdown`` is called directly so that a
+    TLS socket's state, still in use by that thread, is left alone."""
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        return
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _register(connection: Any) -> None:
+    clock = getattr(_ATTEMPT, "clock", None)
+    if clock is not None:
+        clock.watch(connection)
+
+
+def _watched(connection_class: type) -> type:
+    """``connection_class`` registering itself with the running attempt's clock when it
+    connects and when it sends a request (a pooled connection is reused without connecting)."""
+
+    class Watched(connection_class):
+        def connect(self) -> None:
+            _register(self)
+            super().connect()
+            _register(self)
+
+        def request(self, *args: Any, **kwargs: Any) -> None:
+            _register(self)
+            return super().request(*args, **kwargs)
+
+    Watched.__name__ = Watched.__qualname__ = f"Watched{connection_class.__name__}"
+    return Watched
+
+
+@functools.lru_cache(maxsize=1)
+def _watched_adapter_class() -> type:
+    """A requests ``HTTPAdapter`` whose connections (direct or through an HTTP proxy) register
+    with :class:`_AttemptClock`. Built on first use: ``requests`` is imported lazily."""
+    from requests.adapters import HTTPAdapter
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    class WatchedHTTPConnectionPool(HTTPConnectionPool):
+        ConnectionCls = _watched(HTTPConnection)
+
+    class WatchedHTTPSConnectionPool(HTTPSConnectionPool):
+        ConnectionCls = _watched(HTTPSConnection)
+
+    pools = {"http": WatchedHTTPConnectionPool, "https": WatchedHTTPSConnectionPool}
+
+    class WatchedAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        def proxy_manager_for(self, proxy: str, **kwargs: Any):
+            manager = super().proxy_manager_for(proxy, **kwargs)
+            if not proxy.lower().startswith("socks"):  # SOCKS pools have their own classes
+                manager.pool_classes_by_scheme = pools
+            return manager
+
+    return WatchedAdapter
+
+
+def _read_body(response: Any, clock: _AttemptClock) -> bytes:
+    """The whole body of a streamed response, within the clock and :data:`MAX_REPLY_BYTES`."""
+    import requests
+
+    chunks, size = [], 0
+    for chunk in response.iter_content(chunk_size=_CHUNK_BYTES):
+        chunks.append(chunk)
+        size += len(chunk)
+        if clock.expired:
+            raise requests.exceptions.ReadTimeout("attempt budget spent")
+        if size > MAX_REPLY_BYTES:
+            raise _ReplyTooLarge(size)
+    return b"".join(chunks)
+
+
+class _ReplyTooLarge(Exception):
+    pass
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it wraps (args, urllib3's ``reason``, cause, context)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        current = todo.pop(0)
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        nested = [a for a in getattr(current, "args", ()) if isinstance(a, BaseException)]
+        nested += [getattr(current, "reason", None), current.__cause__, current.__context__]
+        todo.extend(n for n in nested if isinstance(n, BaseException))
+    return seen
+
+
+def _connection_reason(exc: BaseException, secrets: tuple[str | None, ...]) -> str:
+    """A short, stable reason for a failed connection (requests' own text names object
+    addresses and repeats the URL)."""
+    import http.client
+    import ssl
+
+    chain = _exception_chain(exc)
+    reasons = (
+        (ConnectionRefusedError, "connection refused"),
+        (ConnectionResetError, "connection reset by the server"),
+        (http.client.RemoteDisconnected, "connection closed without a reply"),
+        (http.client.IncompleteRead, "connection closed before the reply was complete"),
+        (socket.gaierror, "host not found"),
+        (ssl.SSLError, "TLS handshake failed"),
+    )
+    for kind, reason in reasons:
+        if any(isinstance(e, kind) for e in chain):
+            return reason
+    names = {type(e).__name__ for e in chain}
+    if "NameResolutionError" in names:
+        return "host not found"
+    if "ProtocolError" in names or "ChunkedEncodingError" in names:
+        return "connection broken while reading the reply"
+    root = chain[-1]
+    return f"{type(root).__name__}: {scrub(str(root), secrets)}"
+
+
+def _transport_failure(
+    exc: BaseException, clock: _AttemptClock, where: str, connect_timeout: float,
+    secrets: tuple[str | None, ...],
+) -> Exception:
+    """The chat exception for a request that got no complete HTTP answer."""
+    import requests
+
+    if clock.expired or isinstance(exc, requests.exceptions.ReadTimeout):
+        return TransientError("Timeout", f"{where}: no complete reply within {clock.seconds:g}s")
+    if isinstance(exc, _ReplyTooLarge):
+        return PermanentError("ReplyTooLarge", f"{where}: reply over {MAX_REPLY_BYTES} bytes")
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return TransientError(CONNECTION_ERROR, f"{where}: no connection within {connect_timeout:g}s")
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                        requests.exceptions.InvalidSchema)):
+        return PermanentError("BadRequest", f"{where}: invalid URL ({type(exc).__name__})")
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return TransientError("ServerError", f"{where}: undecodable reply body")
+    broken = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)
+    if isinstance(exc, broken) or (
+        isinstance(exc, OSError) and not isinstance(exc, requests.exceptions.RequestException)
+    ):
+        return TransientError(CONNECTION_ERROR, f"{where}: {_connection_reason(exc, secrets)}")
+    # Redirect loops, malformed headers and the like: the same request fails the same way.
+    return PermanentError("BadRequest", f"{where}: {type(exc).__name__}: {scrub(str(exc), secrets)}")
+
+
+class _Answer:
+    """An HTTP answer read in full: status, headers, body."""
+
+    def __init__(self, status: int, headers: Any, content: bytes, encoding: str | None):
+        self.status_code = status
+        self.headers = headers
+        self.content = content
+        self.encoding = encoding or "utf-8"
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(self.encoding, errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class OpenAICompatBackend:
@@ -153,11 +427,15 @@ class OpenAICompatBackend:
         response_format: how to ask for it: ``"json_schema"`` (OpenAI's
             ``{"type": "json_schema", "json_schema": {...}}``) or ``"json_object"``
             (``{"type": "json_object", "schema": {...}}``, the form llama-cpp-python's server
-            turns into a grammar; it answers 500 to the OpenAI form).
+            turns into a grammar; it answers 500 to the OpenAI form). A request's own
+            ``response_format`` (set by the judge after a fallback) takes precedence.
         default_concurrency: the concurrency the layer above uses unless told otherwise.
+        connect_timeout: seconds to establish a connection (capped by the attempt's budget).
     """
 
     provider = "openai"
+    #: the ways this backend can ask for a schema (the judge's fallback order)
+    response_formats = RESPONSE_FORMATS
 
     def __init__(
         self,
@@ -170,6 +448,7 @@ class OpenAICompatBackend:
         supports_schema: bool = True,
         response_format: str = "json_schema",
         default_concurrency: int = 8,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ):
         if not model:
             raise ValueError("OpenAICompatBackend needs a model name")
@@ -186,6 +465,7 @@ class OpenAICompatBackend:
             raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, got {response_format!r}")
         self.response_format = response_format
         self.default_concurrency = default_concurrency
+        self.connect_timeout = connect_timeout
         self._local = threading.local()  # one requests.Session per thread
 
     def __repr__(self) -> str:
@@ -211,7 +491,18 @@ class OpenAICompatBackend:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
+            adapter = _watched_adapter_class()
+            session.mount("http://", adapter())
+            session.mount("https://", adapter())
         return session
+
+    def _drop_session(self) -> None:
+        """Forget this thread's session (after an attempt cut short: its pool may hold a
+        connection shut down mid-reply)."""
+        session = getattr(self._local, "session", None)
+        self._local.session = None
+        if session is not None:
+            session.close()
 
     def _url_and_auth(self, key: str | None) -> tuple[str, dict[str, str], dict[str, str]]:
         headers = {"Content-Type": "application/json", **self._headers}
@@ -228,9 +519,11 @@ class OpenAICompatBackend:
     def body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so tests and lineage can show it)."""
         body: dict[str, Any] = {**request.params, "model": self.model, "messages": request.messages}
-        if request.schema is not None and self.supports_schema and self.response_format == "json_object":
+        if request.schema is None or not self.supports_schema:
+            return body
+        if (request.response_format or self.response_format) == "json_object":
             body["response_format"] = {"type": "json_object", "schema": request.schema}
-        elif request.schema is not None and self.supports_schema:
+        else:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {
@@ -241,37 +534,42 @@ class OpenAICompatBackend:
             }
         return body
 
-    def complete(self, request: ChatRequest) -> ChatReply:
-        import requests
+    def _post(self, url: str, query: dict, body: dict, headers: dict, budget: float, where: str,
+              secrets: tuple[str | None, ...]) -> _Answer:
+        """One POST, read in full within ``budget`` seconds of wall-clock time."""
+        budget = max(budget, 0.001)
+        connect = min(self.connect_timeout, budget)
+        failure: Exception | None = None
+        with _AttemptClock(budget) as clock:
+            try:
+                response = self._session().post(
+                    url, params=query, json=body, headers=headers, timeout=(connect, budget), stream=True
+                )
+                try:
+                    answer = _Answer(response.status_code, response.headers, _read_body(response, clock),
+                                     response.encoding)
+                finally:
+                    response.close()
+            except Exception as exc:  # requests', urllib3's or the socket's: mapped below
+                failure = _transport_failure(exc, clock, where, connect, secrets)
+        if failure is not None:
+            if clock.expired:
+                self._drop_session()
+            # Raised outside the except block so that no __context__ links to requests'
+            # exception, whose .request still holds the Authorization header.
+            raise failure
+        return answer
 
+    def complete(self, request: ChatRequest) -> ChatReply:
         key = os.environ.get(self.api_key_env) or None
         secrets = (key,)
         url, query, headers = self._url_and_auth(key)
         body = self.body(request)
         where = f"{self.base_url} ({self.model})"
-        failure: Exception | None = None
-        try:
-            response = self._session().post(
-                url, params=query, json=body, headers=headers, timeout=request.timeout
-            )
-        except requests.exceptions.Timeout as exc:  # ConnectTimeout and ReadTimeout
-            failure = TransientError(
-                "Timeout", f"{where}: no answer within {request.timeout:g}s ({type(exc).__name__})"
-            )
-        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
-            failure = PermanentError("BadRequest", f"{where}: invalid URL ({type(exc).__name__})")
-        except requests.exceptions.RequestException as exc:  # refused, reset, DNS, broken body
-            failure = TransientError(
-                "ConnectionError", f"{where}: {type(exc).__name__}: {scrub(str(exc), secrets)}"
-            )
-        if failure is not None:
-            # Raised outside the except block so that no __context__ links to requests'
-            # exception, whose .request still holds the Authorization header.
-            raise failure
-
+        response = self._post(url, query, body, headers, request.timeout, where, secrets)
         try:
             payload = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
             payload = None
 
         if response.status_code >= 400:
@@ -288,7 +586,7 @@ class OpenAICompatBackend:
             raise TransientError(
                 "ServerError", f"{where}: HTTP {response.status_code} without a JSON body"
             )
-        return parse_chat_completion(payload, default_model=self.model, where=where)
+        return parse_chat_completion(payload, default_model=self.model, where=where, secrets=secrets)
 
 
 def _error_detail(payload: Any, text: str) -> str:
@@ -306,31 +604,45 @@ def _is_content_filter(payload: Any) -> bool:
     return isinstance(error, dict) and error.get("code") == "content_filter"
 
 
-def parse_chat_completion(payload: dict[str, Any], *, default_model: str, where: str) -> ChatReply:
-    """A :class:`ChatReply` from an OpenAI-style chat completion (also the MLflow gateway's)."""
+def _short_text(value: Any, secrets: tuple[str | None, ...]) -> str | None:
+    """An identifier the server reports (model, fingerprint) as text, or None."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return redact(str(value), secrets)[:200] or None
+
+
+def parse_chat_completion(
+    payload: dict[str, Any], *, default_model: str, where: str, secrets: tuple[str | None, ...] = ()
+) -> ChatReply:
+    """A :class:`ChatReply` from an OpenAI-style chat completion (also the MLflow gateway's).
+
+    Only the choices are required; usage, model and fingerprint are read when they are
+    readable and left unknown otherwise. Every ``secret`` is replaced by ``***`` in all text.
+    """
     choices = payload.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise TransientError("ServerError", f"{where}: reply without choices")
     choice = choices[0]
-    message = choice.get("message") or {}
+    message = choice.get("message")
+    message = message if isinstance(message, dict) else {}
     refusal = message.get("refusal") or None
     if refusal is None and choice.get("finish_reason") == "content_filter":
         refusal = "content_filter"
-    usage = payload.get("usage") or {}
+    usage = payload.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     return ChatReply(
-        text=_text_of(message.get("content")),
-        model=payload.get("model") or default_model,
-        system_fingerprint=payload.get("system_fingerprint"),
-        tokens_in=usage.get("prompt_tokens"),
-        tokens_out=usage.get("completion_tokens"),
-        refusal=refusal,
+        text=redact(_text_of(message.get("content")), secrets),
+        model=_short_text(payload.get("model"), secrets) or default_model,
+        system_fingerprint=_short_text(payload.get("system_fingerprint"), secrets),
+        tokens_in=token_count(usage.get("prompt_tokens")),
+        tokens_out=token_count(usage.get("completion_tokens")),
+        refusal=redact(str(refusal), secrets) if refusal is not None else None,
     )
 
 
 _TARGET_OPTIONS = {
     "base_url", "api_key_env", "azure_api_version", "supports_schema", "response_format", "concurrency",
 }
-RESPONSE_FORMATS = ("json_schema", "json_object")
 
 
 def parse_openai_target(spec: str) -> OpenAICompatBackend:

@@ -1,9 +1,19 @@
 """Turn an LLM's reply text into a validated pydantic object, repairing what is safe to repair.
 
-Repairs, in order: a fenced code block is unwrapped; the first balanced JSON object is cut out of
-surrounding prose; trailing commas are dropped. Anything still invalid is a
-:class:`ReplyParseError` carrying the validation message, which the judge shows to the model in
-its one retry. Nothing here ever returns a default or a NaN in place of a reply.
+Which JSON is the reply's own: the whole reply when it parses; else the JSON that comes *last*
+in it: the last top-level balanced ``{...}`` after the last fenced code block, else that
+block's content. Never the first: a judge that quotes the judged text before answering
+("The answer says: {...}. My verdict: {...}") would otherwise let a schema-valid object inside
+the data decide its own score (inspect_ai binds its grade regex to the last match for the
+same reason). If an object is left unfinished (a reply cut off at ``max_tokens``), there is
+no reply JSON: an earlier, complete object is quoted text, never a fallback. And when the
+caller passes the texts under evaluation (``data``), a candidate that appears in them (spaces
+aside) is quoted from the data wherever it stands, before or after the judge's own JSON, and is
+never taken. The one safe repair is dropping trailing commas.
+
+Anything still invalid is a :class:`ReplyParseError` carrying the validation message, which
+the judge shows to the model in its one retry. Nothing here ever returns a default or a NaN
+in place of a reply.
 """
 
 from __future__ import annotations
@@ -32,53 +42,115 @@ class ReplyParseError(ValueError):
         super().__init__(reason if snippet is None else f"{reason}: {snippet!r}")
 
 
-def _first_object(text: str) -> str | None:
-    """The first balanced ``{...}`` in text, respecting strings and escapes."""
-    start = text.find("{")
-    while start != -1:
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
+def _object_end(text: str, start: int) -> int | None:
+    """The index after the ``}`` closing the ``{`` at ``start``, respecting strings and
+    escapes; None when the text ends first."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
             elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start : i + 1]
-        start = text.find("{", start + 1)
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
     return None
 
 
-def extract_json(text: str) -> object:
-    """The JSON value in ``text`` after the safe repairs; raises ReplyParseError."""
-    candidates = [text.strip()]
-    fenced = _FENCE.search(text)
-    if fenced:
-        candidates.append(fenced.group(1).strip())
-    obj = _first_object(text)
-    if obj is not None:
-        candidates.append(obj)
-    for candidate in candidates:
-        for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
-            try:
-                return json.loads(attempt)
-            except (json.JSONDecodeError, ValueError):
-                continue
+def _objects(text: str) -> list[str] | None:
+    """The top-level balanced ``{...}`` in text, in order; None when one never closes.
+
+    Objects are found left to right, each scan resuming after the object found. A ``{`` that
+    never closes ends the search with None: what follows it is inside it, so the reply's own
+    JSON is unfinished (cut off at ``max_tokens``) or a stray brace hides it; either way an
+    earlier, complete object is quoted text, not the answer, and the judge's corrective retry
+    asks again. (This also keeps the scan linear in the reply's length.)
+    """
+    found: list[str] = []
+    start = text.find("{")
+    while start != -1:
+        end = _object_end(text, start)
+        if end is None:
+            return None
+        found.append(text[start:end])
+        start = text.find("{", end)
+    return found
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _quoted(candidate: str, data: tuple[str, ...]) -> bool:
+    """Whether ``candidate`` appears in one of the texts under evaluation (spaces aside)."""
+    if not data:
+        return False
+    flat = _SPACE.sub("", candidate)
+    return bool(flat) and any(flat in _SPACE.sub("", d) for d in data)
+
+
+def _reply_json_candidate(text: str, data: tuple[str, ...] = ()) -> str | None:
+    """The part of ``text`` that is the reply's own JSON (see the module docstring)."""
+    fences = [f for f in _FENCE.finditer(text) if not _quoted(f.group(1).strip(), data)]
+    after = fences[-1].end() if fences else 0
+    tail = text[after:]
+    objects = _objects(tail)
+    if objects is None:
+        return None  # an unfinished object: never an earlier one
+    own = [o for o in objects if not _quoted(o, data)]
+    if own:
+        return own[-1]
+    if fences:
+        return fences[-1].group(1).strip()
+    return None
+
+
+def _loads(candidate: str) -> object:
+    """``candidate`` as JSON, as written or without trailing commas; raises ValueError."""
+    for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
+        try:
+            return json.loads(attempt)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            continue
+    raise ValueError("not JSON")
+
+
+def extract_json(text: str, data: tuple[str, ...] = ()) -> object:
+    """The reply's own JSON value after the safe repairs; raises ReplyParseError.
+
+    ``data``: the texts under evaluation; JSON found in them is never the reply's.
+    """
+    text = text if isinstance(text, str) else str(text)
+    data = tuple(d for d in data if isinstance(d, str) and "{" in d)
+    if not _quoted(text.strip(), data):
+        try:
+            return _loads(text.strip())
+        except ValueError:
+            pass
+    candidate = _reply_json_candidate(text, data)
+    if candidate is not None:
+        try:
+            return _loads(candidate)
+        except ValueError:
+            pass
     raise ReplyParseError("no valid JSON object in the reply", text.strip().replace("\n", " ")[:120])
 
 
-def parse_reply(text: str, schema: type[BaseModel]) -> BaseModel:
-    """Validate ``text`` against ``schema``; raises ReplyParseError with the reason."""
-    value = extract_json(text)
+def parse_reply(text: str, schema: type[BaseModel], data: tuple[str, ...] = ()) -> BaseModel:
+    """Validate ``text`` against ``schema``; raises ReplyParseError with the reason.
+
+    ``data``: the texts under evaluation (the answer, the passages...); a JSON object quoted
+    from them is never taken for the reply, wherever it stands in the reply.
+    """
+    value = extract_json(text, data)
     try:
         return schema.model_validate(value)
     except ValidationError as exc:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from importlib import resources
 from typing import Any
 
-__all__ = ["Usage", "load_price_table"]
+__all__ = ["Usage", "load_price_table", "token_count"]
 
 
 def load_price_table() -> dict[str, Any]:
@@ -17,9 +17,35 @@ def load_price_table() -> dict[str, Any]:
     return json.loads(resources.files("mlflow_rag_eval.judges").joinpath("prices.json").read_text())
 
 
+def token_count(value: Any) -> int | None:
+    """A provider's token figure as a non-negative int, or None when it is unreadable.
+
+    Usage comes from the provider's reply, and one server bug (``"prompt_tokens": "many"``)
+    must cost its token count, never the row: ints, integral floats and digit strings are
+    read; anything else (negative, bool, text, objects) is unknown.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
 @dataclass
 class Usage:
-    """Running totals of what a judge spent; thread-safe."""
+    """Running totals of what a judge spent; thread-safe.
+
+    ``usage_unknown`` counts replies whose token counts were missing or unreadable (their
+    tokens are not in the totals). ``response_formats`` counts provider calls by how the
+    schema was asked for (``json_schema``, ``json_object``, ``schema`` for a backend's only
+    way, ``prompt`` for prompt-and-parse), and ``schema_fallbacks`` each switch the judge made
+    after a server refused a format (``"json_schema->json_object"``), so a fallback is never
+    silent in the lineage.
+    """
 
     provider_calls: int = 0
     cache_hits: int = 0
@@ -27,12 +53,15 @@ class Usage:
     repair_retries: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    usage_unknown: int = 0
     cost_usd: float = 0.0
     latency_s: float = 0.0
     errors: Counter = field(default_factory=Counter)
     models: Counter = field(default_factory=Counter)
     system_fingerprints: Counter = field(default_factory=Counter)
     templates: Counter = field(default_factory=Counter)
+    response_formats: Counter = field(default_factory=Counter)
+    schema_fallbacks: Counter = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: Any) -> None:
