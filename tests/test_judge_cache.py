@@ -11,11 +11,16 @@ import sys
 import threading
 import time
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from mlflow_rag_eval.cli import main
-from mlflow_rag_eval.judges.cache import CACHE_DIR_ENV, JudgeCache
+from mlflow_rag_eval.engine import evaluate_records
+from mlflow_rag_eval.judges.cache import CACHE_DIR_ENV, JudgeCache, NotAJudgeCache
+from mlflow_rag_eval.judges.llm import LLMJudge
+from mlflow_rag_eval.judges.scripted import ScriptedBackend
+from mlflow_rag_eval.records import records_from_frame
 
 BASE_PARTS = {
     "provider": "openai",
@@ -306,6 +311,153 @@ def test_default_location_without_env_follows_xdg(tmp_path, monkeypatch):
     assert not (tmp_path / "xdg").exists()
 
 
+# --- damaged caches: never fatal, never silent --------------------------------------------
+
+GARBAGE = b"this is not an sqlite database\n" * 200
+PASSAGES = ["Bikes travel for a flat fare of 5 euros per journey.", "Dogs travel free on all trains."]
+
+
+def _set_raw(path, key, raw) -> None:
+    """Overwrite one entry's stored value behind the cache's back (another writer, a bad disk)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE judge_cache SET value = ? WHERE key = ?", (raw, key))
+
+
+def _rows(path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM judge_cache").fetchone()[0]
+
+
+def _moved_aside(path) -> list:
+    return sorted(path.parent.glob(f"{path.name}.corrupt-*"))
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", "null", b"\xff\xfe\x00", 42],
+                         ids=["not-json", "a-list", "null", "not-utf8", "a-number"])
+def test_a_value_that_does_not_decode_is_dropped_and_read_as_a_miss(tmp_path, caplog, raw):
+    path = tmp_path / "c.sqlite"
+    with JudgeCache(path) as cache:
+        cache.put("bad", {"text": "ok"})
+        cache.put("good", {"text": "fine"})
+    _set_raw(path, "bad", raw)
+    cache = JudgeCache(path)
+    with caplog.at_level("WARNING", logger="mlflow_rag_eval.judges.cache"):
+        assert cache.get("bad") is None
+    assert "does not decode" in caplog.text and "asked again" in caplog.text
+    assert cache.get("good") == {"text": "fine"}  # the other entries are untouched
+    assert _rows(path) == 1  # the bad entry is gone, not re-read (and re-warned) on every run
+    cache.put("bad", {"text": "refetched"})
+    assert cache.get("bad") == {"text": "refetched"}
+    cache.close()
+
+
+@pytest.mark.parametrize("content", ["garbage", "foreign-sqlite", "wrong-columns"])
+def test_a_file_that_is_not_a_judge_cache_is_moved_aside_and_replaced(tmp_path, caplog, content):
+    path = tmp_path / "c.sqlite"
+    if content == "garbage":
+        path.write_bytes(GARBAGE)
+    else:
+        conn = sqlite3.connect(path)
+        table = "experiments (id INTEGER, name TEXT)" if content == "foreign-sqlite" else "judge_cache (k TEXT, v TEXT)"
+        conn.execute(f"CREATE TABLE {table}")
+        conn.commit()
+        conn.close()
+    before = path.read_bytes()
+    cache = JudgeCache(path)
+    with caplog.at_level("WARNING", logger="mlflow_rag_eval.judges.cache"):
+        assert cache.get("k") is None  # a miss, not an error
+    (aside,) = _moved_aside(path)
+    assert aside.read_bytes() == before  # kept as it was, for whoever wants to look at it
+    assert f"Moved it to {aside.name}" in caplog.text and "cannot be used" in caplog.text
+    cache.put("k", {"text": "ok"})
+    assert cache.get("k") == {"text": "ok"} and cache.stats()["entries"] == 1
+    cache.close()
+    assert _integrity(path) == "ok" and _journal_mode(path) == "wal"
+
+
+def test_a_file_malformed_while_in_use_is_moved_aside(tmp_path, caplog):
+    path = tmp_path / "c.sqlite"
+    with JudgeCache(path) as cache:
+        for i in range(300):
+            cache.put(f"k{i}", {"text": "z" * 1500})
+    with open(path, "r+b") as f:  # pages past the schema overwritten: opens, fails on reading
+        f.seek(3 * 4096)
+        f.write(os.urandom(path.stat().st_size - 3 * 4096))
+    cache = JudgeCache(path)
+    with caplog.at_level("WARNING", logger="mlflow_rag_eval.judges.cache"):
+        assert cache.get("k250") is None
+    assert "malformed" in caplog.text and len(_moved_aside(path)) == 1
+    cache.put("k250", {"text": "again"})
+    assert cache.get("k250") == {"text": "again"}
+    cache.close()
+    assert _integrity(path) == "ok"
+
+
+def _faithfulness_rows():
+    return records_from_frame(pd.DataFrame({
+        "question": ["How much do bikes cost?", "Can dogs travel?", "Can cats fly?"],
+        "answer": ["Bikes travel for a flat fare of 5 euros.", "Dogs travel free on all trains.",
+                   "Cats fly for 3 euros."],
+        "contexts": [PASSAGES] * 3,
+    }))
+
+
+def _scripted(path) -> LLMJudge:
+    return LLMJudge(ScriptedBackend(), cache=JudgeCache(path))
+
+
+def test_a_judge_reasks_a_corrupt_row_and_scores_it(tmp_path, caplog):
+    path = tmp_path / "c.sqlite"
+    first = _scripted(path)
+    clean = evaluate_records(_faithfulness_rows(), ["faithfulness"], first)
+    assert first.usage()["provider_calls"] == 3
+    first.cache.close()
+    with sqlite3.connect(path) as conn:
+        (key,) = conn.execute("SELECT key FROM judge_cache ORDER BY created_at LIMIT 1").fetchone()
+    _set_raw(path, key, "{truncated")
+
+    again = _scripted(path)
+    with caplog.at_level("WARNING", logger="mlflow_rag_eval.judges.cache"):
+        rerun = evaluate_records(_faithfulness_rows(), ["faithfulness"], again)
+    (metric,) = rerun.metrics
+    assert [r.value for r in metric.rows] == [r.value for r in clean.metrics[0].rows] == [1.0, 1.0, 0.0]
+    assert metric.summary.n_error == 0
+    assert again.usage()["cache_hits"] == 2 and again.usage()["provider_calls"] == 1  # only it re-asked
+    assert "does not decode" in caplog.text
+    third = _scripted(path)
+    evaluate_records(_faithfulness_rows(), ["faithfulness"], third)
+    assert third.usage()["cache_hits"] == 3 and third.usage()["provider_calls"] == 0  # stored again
+
+
+def test_a_judge_on_a_garbage_cache_file_scores_every_row(tmp_path, caplog):
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(GARBAGE)
+    judge = _scripted(path)
+    with caplog.at_level("WARNING", logger="mlflow_rag_eval.judges.cache"):
+        result = evaluate_records(_faithfulness_rows(), ["faithfulness"], judge)
+    (metric,) = result.metrics
+    assert metric.summary.n_error == 0 and [r.value for r in metric.rows] == [1.0, 1.0, 0.0]
+    assert judge.usage()["provider_calls"] == 3 and "cannot be used" in caplog.text
+    assert caplog.text.count("cannot be used") == 1  # moved once, not once per row
+    (aside,) = _moved_aside(path)
+    assert aside.read_bytes() == GARBAGE
+    judge.cache.close()
+    again = _scripted(path)
+    evaluate_records(_faithfulness_rows(), ["faithfulness"], again)
+    assert again.usage()["cache_hits"] == 3
+
+
+def test_stats_and_clear_refuse_a_file_that_is_not_a_judge_cache(tmp_path):
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(GARBAGE)
+    cache = JudgeCache(path)
+    with pytest.raises(NotAJudgeCache, match="not an sqlite database"):
+        cache.stats()
+    with pytest.raises(NotAJudgeCache, match="not an sqlite database"):
+        cache.clear()
+    assert path.read_bytes() == GARBAGE and not _moved_aside(path)
+
+
 # --- CLI ------------------------------------------------------------------------------------
 
 
@@ -342,3 +494,54 @@ def test_cli_import_is_light():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _mlflow_db(path):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{path}")
+    client.create_experiment("kept-as-it-is")
+    return path
+
+
+def _snapshot(path):
+    return path.read_bytes(), path.stat().st_mtime_ns, sorted(p.name for p in path.parent.iterdir())
+
+
+@pytest.mark.parametrize("command", [["info"], ["clear", "--yes"], ["clear"]])
+def test_cli_refuses_an_mlflow_database_and_leaves_it_untouched(tmp_path, command):
+    path = _mlflow_db(tmp_path / "mlflow.db")
+    with sqlite3.connect(path) as conn:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert mode != "wal" and "judge_cache" not in tables
+    before = _snapshot(path)
+    time.sleep(0.01)  # an mtime written now would differ
+    result = CliRunner().invoke(main, ["cache", *command, "--path", str(path)], input="y\n")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "is not a judge cache" in lines[0] and "alembic_version" in lines[0], lines
+    assert "Traceback" not in result.output
+    assert _snapshot(path) == before  # same bytes, same mtime, no -wal/-shm/-journal beside it
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == mode
+
+
+@pytest.mark.parametrize("command", [["info"], ["clear", "--yes"]])
+def test_cli_refuses_a_garbage_file(tmp_path, command):
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(GARBAGE)
+    result = CliRunner().invoke(main, ["cache", *command, "--path", str(path)])
+    assert result.exit_code == 2 and "not an sqlite database" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert path.read_bytes() == GARBAGE and not _moved_aside(path)
+
+
+def test_cli_info_writes_nothing_to_a_judge_cache(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with JudgeCache(path) as cache:
+        cache.put("k", {"text": "ok"})
+    before = path.read_bytes(), path.stat().st_mtime_ns
+    result = CliRunner().invoke(main, ["cache", "info", "--path", str(path)])
+    assert result.exit_code == 0 and "entries: 1" in result.output
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before

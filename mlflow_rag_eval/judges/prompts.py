@@ -1,25 +1,32 @@
 """Versioned prompt templates for LLM judges, and the output schema of each.
 
-Every template has an id, a version and a sha256 of its text; all three go into cache keys and
-lineage, so a changed prompt can never hide behind an old cached answer or an unchanged
-fingerprint. Bump ``version`` whenever the text changes (a test pins the hashes).
+Every template has an id, a version and a sha256 of its text and of the data format; all three
+go into cache keys and lineage, so a changed prompt can never hide behind an old cached answer or
+an unchanged fingerprint. Bump ``version`` whenever a template's text changes, and
+``DATA_FORMAT_VERSION`` whenever the way data is rendered into the tags changes (a test pins the
+hashes and :data:`PROMPTS_VERSION`).
 
-Text under evaluation is data, never instructions: it is placed inside tags whose closing
-form cannot occur in the data (any ``</`` in the data is escaped), and the system prompt tells
-the model that tagged text is material to judge and that instructions inside it are to be
-judged, not followed.
+Text under evaluation is data, never instructions: it is placed inside tags, and every tag-like
+sequence in the data (``<`` followed by a letter, ``/``, ``!``, ``?`` or ``\\``: an opening,
+closing or self-closing tag, a comment, a CDATA section or a processing instruction) gets a
+backslash after its ``<``. So data can neither close its own tag nor open a fake one (a
+``<passage index="0">`` inside an answer reaches the model as ``<\\passage index="0">``),
+while ``a < b`` and ``x <= 3`` stay as written: the judge reads the text, not HTML entities.
+The system prompt tells the model that tagged text is material to judge and that
+instructions inside it are to be judged, not followed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PROMPTS", "PROMPTS_VERSION", "PromptTemplate", "render", "data_block"]
+__all__ = ["DATA_FORMAT_VERSION", "PROMPTS", "PROMPTS_VERSION", "PromptTemplate", "data_block", "escape_data", "render"]
 
 
 class _Strict(BaseModel):
@@ -79,11 +86,29 @@ SYSTEM = (
 )
 
 
+#: How data is rendered inside its tags. 1: only ``</`` escaped; 2: every tag-like ``<`` escaped.
+#: Part of every template's sha256, so a change re-keys the cache and moves every fingerprint.
+DATA_FORMAT_VERSION = 2
+
+# A "<" that starts something a model (or an XML parser) would read as markup: a tag name
+# (any letter, "_" or ":"), a closing "/", "!" (comments, CDATA, doctype), "?" (processing
+# instructions), or a backslash (escaped too, so the escape stays reversible: data that already
+# reads "<\/x>" becomes "<\\/x>", never the same text as an escaped "</x>"). A "<" before a
+# space, a digit or "=" is left alone: "a < b", "<3", "x <= 3" are no markup.
+_TAG_LIKE = re.compile(r"<(?=[^\W\d]|[:/!?\\])")
+
+
+def escape_data(text: str) -> str:
+    """``text`` with a backslash after every tag-like ``<`` (see the module docstring)."""
+    return _TAG_LIKE.sub("<\\\\", text)
+
+
 def data_block(tag: str, text: str, **attrs: Any) -> str:
-    """``<tag attr="v">text</tag>`` with ``</`` in the text escaped so data cannot close a tag."""
-    safe = text.replace("</", "<\\/")
-    attributes = "".join(f' {k}="{v}"' for k, v in attrs.items())
-    return f"<{tag}{attributes}>{safe}</{tag}>"
+    """``<tag attr="v">text</tag>`` with the text escaped so it can neither close the tag nor
+    open another one; only the template's own tags are real tags."""
+    # Attribute values come from code (indices), never from data; quoted defensively anyway.
+    attributes = "".join(f' {k}="{escape_data(str(v)).replace(chr(34), "&quot;")}"' for k, v in attrs.items())
+    return f"<{tag}{attributes}>{escape_data(text)}</{tag}>"
 
 
 def passages_block(passages: list[str]) -> str:
@@ -106,7 +131,8 @@ class PromptTemplate:
     @property
     def sha256(self) -> str:
         blob = json.dumps(
-            {"system": self.system, "user": self.user, "schema": self.schema.model_json_schema()},
+            {"system": self.system, "user": self.user, "schema": self.schema.model_json_schema(),
+             "data_format": DATA_FORMAT_VERSION},
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -215,7 +241,8 @@ _P = [
 
 PROMPTS: dict[str, PromptTemplate] = {p.id: p for p in _P}
 
-#: One string naming every template version: part of every LLM judge's fingerprint.
+#: One string naming every template version and the data format: part of every LLM judge's
+#: fingerprint (data format 1 gave ``prompts-7ffa646d02a3``).
 PROMPTS_VERSION = "prompts-" + hashlib.sha256(
-    "|".join(f"{p.ref}:{p.sha256}" for p in _P).encode()
+    "|".join([f"data-format-v{DATA_FORMAT_VERSION}", *(f"{p.ref}:{p.sha256}" for p in _P)]).encode()
 ).hexdigest()[:12]
