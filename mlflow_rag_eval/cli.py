@@ -1,22 +1,88 @@
 """The ``mlflow-rag-eval`` command line.
 
-``main`` is a plain click group so other modules can attach commands to it. Every command
-imports what it needs inside its body: ``mlflow-rag-eval --help`` must not pay for importing
-torch, sentence-transformers or MLflow.
+``main`` is a click group so other modules can attach commands to it. Every command imports
+what it needs inside its body: ``mlflow-rag-eval --help`` must not pay for importing torch,
+sentence-transformers or MLflow.
+
+Exit codes, for every command: 0 done (for ``gate``: passed), 1 refused (``gate`` only: the
+candidate failed a check), 2 unusable input, 3 internal error. No traceback reaches the user
+for bad input: the group turns the errors that input causes into one line on stderr and exit 2
+(see :func:`_is_input_error`). Any other exception is a bug in this package: its traceback is
+printed and the exit code is 3, so that it is reported, and never read as a verdict (1 would
+say "refused", 2 "your input").
 """
 
 from __future__ import annotations
 
+import sys
+import traceback
 from pathlib import Path
 
 import click
 
 __all__ = ["main"]
 
+#: exit codes
+REFUSED, UNUSABLE, INTERNAL_ERROR = 1, 2, 3
 
-@click.group()
+
+def _is_input_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from what the user gave rather than from a bug.
+
+    - ``ValueError``: bad values, by Python's convention and ours (``PolicyError``,
+      ``NotComparable``, ``NotAJudgeCache``, undecodable files: ``UnicodeDecodeError``,
+      ``json.JSONDecodeError``);
+    - ``OSError``: files missing or unreadable, and an unreachable tracking server (``requests``
+      errors are OSErrors);
+    - ``sqlite3.Error``: a cache file that is locked or unreadable;
+    - ``MlflowException``: unknown run, version or model, a store that refuses a query;
+    - ``JudgeUnreachable`` and ``JudgeCapabilityError``: a judge whose provider cannot be
+      reached, or that cannot perform what the metric asks (configuration, not code).
+
+    ``TypeError``, ``KeyError``, ``AttributeError``, other ``RuntimeError``s and the rest stay
+    bugs.
+    """
+    import sqlite3
+
+    if isinstance(exc, (ValueError, OSError, sqlite3.Error)):
+        return True
+    # Modules never imported just to check: an exception of theirs means they are loaded.
+    classes = [getattr(sys.modules.get("mlflow.exceptions"), "MlflowException", None),
+               *(getattr(sys.modules.get("mlflow_rag_eval.judges.base"), name, None)
+                 for name in ("JudgeUnreachable", "JudgeCapabilityError"))]
+    return isinstance(exc, tuple(c for c in classes if c is not None))
+
+
+def _one_line(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(message).split())
+
+
+class _Main(click.Group):
+    """The group: bad input -> one line and exit 2; a bug -> traceback and exit 3."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise  # click prints usage errors itself (exit 2, as ours)
+        except Exception as exc:
+            command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
+            if _is_input_error(exc):
+                click.echo(f"{command}: {_one_line(exc)}", err=True)
+                raise SystemExit(UNUSABLE) from None
+            traceback.print_exc()
+            click.echo(f"{command}: internal error (a bug in mlflow-rag-eval; please report it with "
+                       "the traceback above)", err=True)
+            raise SystemExit(INTERNAL_ERROR) from None
+
+
+@click.group(cls=_Main)
 def main() -> None:
-    """Evaluate RAG pipelines inside MLflow."""
+    """Evaluate RAG pipelines inside MLflow.
+
+    Exit codes: 0 done (gate: passed), 1 refused (gate), 2 unusable input, 3 internal error.
+    """
 
 
 @main.group()
@@ -45,11 +111,15 @@ def _human_bytes(n: int) -> str:
 @cache.command("info")
 @_path_option
 def cache_info(path: Path | None) -> None:
-    """Print where the cache is, how many replies it holds and its size on disk."""
+    """Print where the cache is, how many replies it holds and its size on disk.
+
+    Read-only: the file is opened with sqlite's mode=ro. Exit code 2: the file is not a judge
+    cache (it is left as it is).
+    """
     from mlflow_rag_eval.judges.cache import JudgeCache
 
     with JudgeCache(path) as judge_cache:
-        stats = judge_cache.stats()
+        stats = judge_cache.stats()  # NotAJudgeCache: a ValueError, exit 2
     exists = "" if judge_cache.path.exists() else " (not created yet)"
     click.echo(f"path:    {stats['path']}{exists}")
     click.echo(f"entries: {stats['entries']}")
@@ -60,7 +130,10 @@ def cache_info(path: Path | None) -> None:
 @_path_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def cache_clear(path: Path | None, yes: bool) -> None:
-    """Delete every cached judge reply (the next run asks the providers again)."""
+    """Delete every cached judge reply (the next run asks the providers again).
+
+    Exit code 2: the file is not a judge cache; it is refused, not touched.
+    """
     from mlflow_rag_eval.judges.cache import JudgeCache
 
     with JudgeCache(path) as judge_cache:
@@ -88,7 +161,8 @@ _tracking_option = click.option(
 def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_log, tracking_uri) -> None:
     """Per-metric deltas of RUN_B against RUN_A, paired over their shared rows.
 
-    Exit code 0: compared; 2: the runs are not comparable (dataset, judge or prompts differ).
+    Exit code 0: compared; 2: the runs are not comparable (dataset, judge or prompts differ),
+    or a run cannot be read (unknown id, no rag evaluation).
     """
     import mlflow
 
@@ -102,8 +176,8 @@ def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_l
             allow_dataset_change=allow_dataset_change, log_to=None if no_log else (log_to or run_b),
         )
     except NotComparable as exc:
-        click.echo(f"not comparable: {exc}", err=True)
-        raise SystemExit(2) from None
+        click.echo(f"not comparable: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
     click.echo(comparison.to_text())
 
 
@@ -115,15 +189,19 @@ def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_l
               help="Gate policy YAML.")
 @click.option("--allow-judge-change", is_flag=True,
               help="Gate even if the judge or its prompts differ from the champion's evaluation.")
+@click.option("--first-version", is_flag=True,
+              help="No version has held the champion alias yet, though the model has other aliases: "
+                   "judge the candidate on the policy alone (without a champion).")
 @click.option("--dry-run", is_flag=True, help="Decide and print; record nothing, move no alias.")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
 @_tracking_option
-def gate_command(model, candidate, champion_alias, policy_path, allow_judge_change, dry_run, as_json,
-                 tracking_uri) -> None:
+def gate_command(model, candidate, champion_alias, policy_path, allow_judge_change, first_version, dry_run,
+                 as_json, tracking_uri) -> None:
     """Promote CANDIDATE to the champion alias if it meets the policy.
 
-    Exit code 0: passed (alias moved); 1: refused (alias unchanged); 2: unusable input (bad
-    policy, missing version or evaluation, dataset digest mismatch).
+    Exit code 0: passed (alias moved); 1: refused (alias unchanged); 2: unusable input (bad or
+    empty policy, missing version or evaluation, unknown alias, dataset digest mismatch):
+    one line on stderr naming the problem (with --json, the decision on stdout).
     """
     import json
 
@@ -134,8 +212,14 @@ def gate_command(model, candidate, champion_alias, policy_path, allow_judge_chan
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     decision = gate(model, candidate, policy_path, champion_alias=champion_alias,
-                    allow_judge_change=allow_judge_change, record=not dry_run)
-    click.echo(json.dumps(decision.as_dict(), indent=2, default=str) if as_json else decision.to_text())
+                    allow_judge_change=allow_judge_change, first_version=first_version, record=not dry_run)
+    if as_json:
+        click.echo(json.dumps(decision.as_dict(), indent=2, default=str))
+    elif decision.exit_code == UNUSABLE:
+        reasons = "; ".join(" ".join(r.split()) for r in decision.reasons) or "unusable input"
+        click.echo(f"gate: {decision.model} v{decision.candidate_version}: unusable input: {reasons}", err=True)
+    else:
+        click.echo(decision.to_text())
     raise SystemExit(decision.exit_code)
 
 
@@ -172,7 +256,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 
     if (labels is None) == (run_id is None):
         click.echo("cannot calibrate: give exactly one of --labels and --run", err=True)
-        raise SystemExit(2)
+        raise SystemExit(UNUSABLE)
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     try:
@@ -184,6 +268,6 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
             result = calibrate(labels, metric, judge, threshold=threshold, label_threshold=label_threshold,
                                limit=limit, n_boot=n_boot, seed=seed, log=not no_log, experiment=experiment)
     except (ValueError, MlflowException) as exc:
-        click.echo(f"cannot calibrate: {exc}", err=True)
-        raise SystemExit(2) from None
+        click.echo(f"cannot calibrate: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
     click.echo(result.to_text())

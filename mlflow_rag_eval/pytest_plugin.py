@@ -1,12 +1,19 @@
 """pytest plugin: gate a model version, or a run's metrics, from a test suite.
 
-Registered through the ``pytest11`` entry point, so it loads in every pytest session of an
-environment where the package is installed: it imports nothing heavy until used.
+Registered through the ``pytest11`` entry point (name ``mlflow_rag_eval``), so it loads in
+every pytest session of an environment where the package is installed: it imports nothing heavy
+until used. Where plugin autoloading is off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), load it with
+``-p mlflow_rag_eval.pytest_plugin`` or ``pytest_plugins = ["mlflow_rag_eval.pytest_plugin"]``
+in a top-level ``conftest.py``.
+
+The fixtures come from the plugin: a test names them as arguments, it never imports them. The
+assertion helpers are plain functions: a test imports them from this module.
 
 Option ``--rag-gate-policy PATH`` (or ini ``rag_gate_policy``) names the policy; fixtures:
 
 - ``rag_gate_policy``: the parsed :class:`~mlflow_rag_eval.gate.GatePolicy` (fails the test
-  when no policy is configured: a gate that silently skips is no gate);
+  when no policy is configured, or when it is unusable, with one line naming the problem: a
+  gate that silently skips is no gate);
 - ``rag_gate``: ``rag_gate(model, version, policy=None, *, record=False, **gate_kwargs)``
   runs :func:`~mlflow_rag_eval.gate.gate`, as a dry run by default (tests should not move
   aliases unless asked to).
@@ -47,11 +54,16 @@ def rag_gate_policy(request):
     """The gate policy named by ``--rag-gate-policy`` or the ``rag_gate_policy`` ini value."""
     from mlflow_rag_eval.gate import load_policy
 
+    from mlflow_rag_eval.gate import PolicyError
+
     path = request.config.getoption("--rag-gate-policy") or request.config.getini("rag_gate_policy")
     if not path:
         pytest.fail("no gate policy: pass --rag-gate-policy PATH or set rag_gate_policy in the ini file",
                     pytrace=False)
-    return load_policy(path)
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture

@@ -172,7 +172,7 @@ def test_a_better_pipeline_is_promoted_and_the_history_records_it(registry, loca
 
     first = gate("northwind", versions[0], policy)  # first version: no champion, floors only
     assert first.exit_code == 0 and first.champion_version is None and first.comparison is None
-    assert {c.kind for c in first.checks} == {"min_scored_rows", "floor mean"}
+    assert {c.kind for c in first.checks} == {"min_scored_rows", "max_error_rate", "floor mean"}  # default rate
     assert any("no champion" in n for n in first.notes)
 
     decision = gate("northwind", versions[1], policy)
@@ -318,6 +318,209 @@ def test_cli_exit_codes_and_unusable_input(registry, local_judge, tmp_path):
     assert str(registry.get_model_version_by_alias("cli", "champion").version) == champion
 
 
+# -- defaults, and input the gate must refuse ------------------------------------------------------
+def _flaky_judge():
+    """A scripted LLM judge that fails (twice-unparsable reply: ParseError) on answers marked
+    "(flaky)" and supports every other answer. One script object: champion and candidate
+    evaluations get the same judge fingerprint."""
+    from mlflow_rag_eval.judges.llm import LLMJudge
+    from mlflow_rag_eval.judges.scripted import ScriptedBackend
+
+    def reply(variables):
+        if "(flaky)" in variables["text"]:
+            return "Sorry, I am not sure."
+        return {"claims": [{"claim": variables["text"], "supported": True, "reason": "stated"}]}
+
+    return LLMJudge(ScriptedBackend({"claims_verdicts": reply}), cache=False, backoff_base=0.01, backoff_max=0.05)
+
+
+def test_a_candidate_whose_judge_failed_on_many_rows_is_refused_by_default(registry):
+    judge = _flaky_judge()
+    policy = {"require_metrics": ["faithfulness"], "min_scored_rows": 5,
+              "max_regression": {"faithfulness": 0.03}, "calibration": {"required": False}}
+    champion, _ = _candidate("flaky", _predictions(), judge)
+    assert gate("flaky", champion, policy).exit_code == 0
+    data = _predictions()
+    data.loc[:6, "answer"] = data.loc[:6, "answer"] + " (flaky)"  # 7 of 15 rows: 46.7% fail
+    candidate, run = _candidate("flaky", data, judge)
+    metrics = registry.get_run(run).data.metrics
+    assert (metrics["faithfulness/n_error"], metrics["faithfulness/n_scored"]) == (7, 8)
+
+    decision = gate("flaky", candidate, policy)
+    assert decision.exit_code == 1 and decision.policy["max_error_rate"] == 0.05
+    # the 8 rows both runs scored show no drop at all: only the error rate refuses it
+    by = {(c.metric, c.kind): c for c in decision.checks}
+    assert by[("faithfulness", "regression")].passed and by[("faithfulness", "regression")].delta == 0
+    assert decision.reasons == ["faithfulness: error rate 0.467 (7/15) > 0.05"]
+    assert str(registry.get_model_version_by_alias("flaky", "champion").version) == champion
+    # an explicit policy may allow it; the decision then says so
+    allowed = gate("flaky", candidate, {**policy, "max_error_rate": 0.5}, record=False)
+    assert allowed.exit_code == 0 and allowed.policy["max_error_rate"] == 0.5
+
+
+def test_policy_defaults_are_applied_and_stated():
+    policy = load_policy({"require_metrics": ["faithfulness"]})
+    assert (policy.min_scored_rows, policy.max_error_rate) == (30, 0.05)
+    assert policy.as_dict()["min_scored_rows"] == 30 and policy.as_dict()["max_error_rate"] == 0.05
+    few = {"faithfulness/mean": 0.9, "faithfulness/n_scored": 29, "faithfulness/n_error": 1}
+    with pytest.raises(AssertionError, match="faithfulness: 29 scored rows < 30"):
+        assert_metrics_meet(few, policy)
+    assert_metrics_meet({**few, "faithfulness/n_scored": 30}, policy)  # 1/31 = 0.032 <= 0.05
+    with pytest.raises(AssertionError, match=r"error rate 0.062 \(2/32\) > 0.05"):
+        assert_metrics_meet({**few, "faithfulness/n_scored": 30, "faithfulness/n_error": 2}, policy)
+
+
+def test_a_run_without_n_error_fails_max_error_rate_and_says_why():
+    from mlflow_rag_eval.gate.checks import metric_checks
+
+    checks = metric_checks({"faithfulness/mean": 0.9, "faithfulness/n_scored": 40},
+                           load_policy({"require_metrics": ["faithfulness"]}))
+    (rate,) = [c for c in checks if c.kind == "max_error_rate"]
+    assert not rate.passed and rate.value is None
+    assert rate.reason == ("faithfulness/n_error was not logged: the error rate is unknown, so "
+                           "max_error_rate 0.05 cannot be checked")
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n"])
+def test_an_empty_policy_file_is_refused(tmp_path, text):
+    path = tmp_path / "gate.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError, match="the policy file is empty"):
+        load_policy(path)
+
+
+@pytest.mark.parametrize("policy", [{}, {"calibration": {"required": False}}, {"max_error_rate": 0.1}])
+def test_a_policy_that_gates_no_metric_is_refused(policy):
+    with pytest.raises(PolicyError, match="gates no metric") as info:
+        load_policy(policy)
+    assert info.value.key == "require_metrics"
+
+
+def test_a_policy_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
+    path = tmp_path / "gate.yaml"
+    path.write_bytes("# métriques\nrequire_metrics: [faithfulness]\n".encode("latin-1"))
+    with pytest.raises(PolicyError, match=r"not UTF-8 text \(byte 0xe9 at offset 3\)") as info:
+        load_policy(path)
+    assert info.value.key == str(path)
+
+
+@pytest.mark.parametrize("digest", ["ab'c", 'ab"c', "a b", "ab\\c"])
+def test_a_dataset_digest_that_cannot_be_searched_for_is_refused(digest):
+    with pytest.raises(PolicyError) as info:
+        load_policy({"require_metrics": ["faithfulness"], "dataset_digest": digest})
+    assert info.value.key == "dataset_digest"
+
+
+def test_max_error_rate_null_is_refused_not_read_as_no_limit():
+    with pytest.raises(PolicyError) as info:
+        load_policy({"require_metrics": ["faithfulness"], "max_error_rate": None})
+    assert info.value.key == "max_error_rate"
+
+
+@pytest.fixture
+def champion_and_regressed(registry, local_judge, tmp_path):
+    """Model "reg": v1 holds @champion; v2 regressed (faithfulness -0.2, mrr and ndcg@10 too)."""
+    champion, _ = _candidate("reg", _predictions(), local_judge)
+    assert gate("reg", champion, POLICY).exit_code == 0
+    regressed, run = _candidate("reg", _predictions(n_bad=3), local_judge)
+    assert gate("reg", regressed, POLICY, record=False).exit_code == 1  # the policy sees the drop
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(json.dumps(POLICY))
+    return champion, regressed, run, policy
+
+
+def _gate_cli(version, policy, *extra, model="reg"):
+    result = CliRunner().invoke(main, ["gate", "--model", model, "--candidate", version, "--policy", str(policy),
+                                       "--tracking-uri", mlflow.get_tracking_uri(), *extra])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def _one_line(result) -> str:
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("content", [b"", b"# nothing yet\n", "# métriques\nfloors: {}\n".encode("latin-1")])
+def test_cli_refuses_an_empty_or_unreadable_policy_on_a_regressed_version(registry, champion_and_regressed,
+                                                                          tmp_path, content):
+    champion, regressed, run, _ = champion_and_regressed
+    policy = tmp_path / "bad.yaml"
+    policy.write_bytes(content)
+    result = _gate_cli(regressed, policy)
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert f"reg v{regressed}: unusable input: gate policy: {policy}:" in line
+    assert ("not UTF-8" if content.startswith(b"#") and b"\xe9" in content else "the policy file is empty") in line
+    assert str(registry.get_model_version_by_alias("reg", "champion").version) == champion
+    assert "rag_eval.gate" not in registry.get_model_version("reg", regressed).tags  # nothing recorded
+
+
+def test_cli_refuses_a_mistyped_alias_naming_the_aliases_that_exist(registry, champion_and_regressed):
+    champion, regressed, run, policy = champion_and_regressed
+    result = _gate_cli(regressed, policy, "--champion-alias", "champoin")
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "alias 'champoin' is not set on model 'reg', whose aliases are champion:" in line
+    assert "--first-version" in line
+    assert str(registry.get_model_version_by_alias("reg", "champion").version) == champion
+    assert "rag_eval.gate" not in registry.get_model_version("reg", regressed).tags
+
+    # the right alias: refused on the regression, exit 1
+    result = _gate_cli(regressed, policy)
+    assert result.exit_code == 1 and "faithfulness regressed" in result.output
+    # --first-version when a version holds the alias: refused as unusable, not judged on floors
+    result = _gate_cli(regressed, policy, "--first-version")
+    assert result.exit_code == 2 and f"v{champion} holds alias 'champion'" in _one_line(result)
+
+
+def test_a_first_version_with_other_aliases_needs_first_version(registry, local_judge, tmp_path):
+    version, _ = _candidate("aliased", _predictions(), local_judge)
+    registry.set_registered_model_alias("aliased", "staging", version)
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(json.dumps(POLICY))
+    result = _gate_cli(version, policy, model="aliased")
+    assert result.exit_code == 2 and "whose aliases are staging" in _one_line(result)
+    result = _gate_cli(version, policy, "--first-version", model="aliased")
+    assert result.exit_code == 0, result.output
+    assert "no champion under alias 'champion'" in result.output
+    assert str(registry.get_model_version_by_alias("aliased", "champion").version) == version
+
+
+def test_a_first_version_of_a_model_without_aliases_is_still_gated(registry, local_judge, tmp_path):
+    version, _ = _candidate("fresh", _predictions(), local_judge)
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(json.dumps(POLICY))
+    assert registry.get_registered_model("fresh").aliases == {}
+    result = _gate_cli(version, policy, model="fresh")
+    assert result.exit_code == 0 and "champion: none (first version)" in result.output
+
+
+def test_cli_refuses_a_digest_with_a_quote(registry, champion_and_regressed, tmp_path):
+    champion, regressed, run, policy = champion_and_regressed
+    quoted = tmp_path / "quoted.yaml"
+    quoted.write_text(json.dumps({**POLICY, "dataset_digest": "abc'; --"}))
+    result = _gate_cli(regressed, quoted)
+    assert result.exit_code == 2 and "dataset_digest: must be a dataset digest" in _one_line(result)
+
+    # a digest tag on the candidate's run that cannot go into a search filter
+    registry.set_tag(run, "rag_eval.dataset_digest", "it's")
+    result = _gate_cli(regressed, policy)
+    assert result.exit_code == 2
+    assert "cannot read the registry or an evaluation run: refusing to search for \"it's\"" in _one_line(result)
+    decision = gate("reg", regressed, POLICY)
+    assert decision.exit_code == 2 and decision.candidate_run_id == run
+    assert "rag_eval.gate" not in registry.get_model_version("reg", regressed).tags
+
+
+def test_cli_gate_on_an_unknown_model_or_version_is_one_line(registry, champion_and_regressed):
+    _, _, _, policy = champion_and_regressed
+    for model, version in (("reg", "99"), ("reg", "not-a-number"), ("no-such-model", "1")):
+        result = _gate_cli(version, policy, model=model)
+        assert result.exit_code == 2 and "not found" in _one_line(result), result.output
+
+
 # -- pytest helpers --------------------------------------------------------------------------------
 def test_the_assertion_helpers_explain_each_failed_check():
     checks = [
@@ -365,3 +568,38 @@ def test_the_pytest_plugin_option_and_fixtures(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["*faithfulness/mean = 0.500 < floor 0.9*"])
     result = pytester.runpytest_inprocess("-p", "mlflow_rag_eval.pytest_plugin", "-k", "policy")
     result.stdout.fnmatch_lines(["*no gate policy: pass --rag-gate-policy*"])
+
+
+def test_the_plugin_loads_by_its_entry_point_and_fails_an_unusable_policy_in_one_line(pytester, monkeypatch):
+    """As the README shows it: no -p, fixtures taken as arguments, helpers imported."""
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    pytester.makefile(".yaml", gate="require_metrics: [faithfulness]\nfloors: {faithfulness/mean: 0.9}\n",
+                      empty="# nothing yet\n")
+    pytester.makepyfile("""
+        from mlflow_rag_eval.pytest_plugin import assert_metrics_meet
+
+        def test_meets(rag_gate_policy):
+            assert_metrics_meet({"faithfulness/mean": 0.95, "faithfulness/n_scored": 40,
+                                 "faithfulness/n_error": 0}, rag_gate_policy)
+
+        def test_gate_fixture(rag_gate):
+            assert callable(rag_gate)
+    """)
+    result = pytester.runpytest_subprocess("--rag-gate-policy", "gate.yaml", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result = pytester.runpytest_subprocess("--rag-gate-policy", "empty.yaml", "-p", "no:cacheprovider", "-k", "meets")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*gate policy: empty.yaml: the policy file is empty*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_a_candidate_whose_rows_were_lost_by_the_store_is_refused(registry, local_judge):
+    """The genai route tags rag_eval.rows_lost when MLflow failed to store rows it evaluated:
+    the candidate's aggregates then cover a subset, which the gate does not promote."""
+    version, run_id = _candidate("lossy", _predictions(), local_judge)
+    assert gate("lossy", version, POLICY, record=False).exit_code == 0
+    registry.set_tag(run_id, "rag_eval.rows_lost", "2")
+    decision = gate("lossy", version, POLICY, record=False)
+    assert decision.exit_code == 1
+    (check,) = [c for c in decision.failed_checks if c.kind == "rows stored"]
+    assert "2 evaluated row(s)" in check.reason and "rag_eval.rows_lost" in check.reason

@@ -59,18 +59,23 @@ def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Chec
                                 f"{metric} was not logged by the evaluation{hint}"))
             continue
         n_scored = int(n_scored)
-        n_error = int(metrics.get(f"{metric}/n_error", 0))
         ok = n_scored >= policy.min_scored_rows
         checks.append(Check(metric, "min_scored_rows", n_scored, policy.min_scored_rows, ok,
                             "" if ok else f"{metric}: {n_scored} scored rows < {policy.min_scored_rows}"))
-        if policy.max_error_rate is not None:
-            total = n_scored + n_error
-            rate = n_error / total if total else 0.0
-            ok = rate <= policy.max_error_rate
-            checks.append(Check(
-                metric, "max_error_rate", rate, policy.max_error_rate, ok,
-                "" if ok else f"{metric}: error rate {rate:.3f} ({n_error}/{total}) > {policy.max_error_rate:g}",
-            ))
+        n_error = metrics.get(f"{metric}/n_error")
+        if n_error is None:  # unknown is not zero: a run that hides its failures must not pass
+            checks.append(Check(metric, "max_error_rate", None, policy.max_error_rate, False,
+                                f"{metric}/n_error was not logged: the error rate is unknown, so "
+                                f"max_error_rate {policy.max_error_rate:g} cannot be checked"))
+            continue
+        n_error = int(n_error)
+        total = n_scored + n_error
+        rate = n_error / total if total else 0.0
+        ok = rate <= policy.max_error_rate
+        checks.append(Check(
+            metric, "max_error_rate", rate, policy.max_error_rate, ok,
+            "" if ok else f"{metric}: error rate {rate:.3f} ({n_error}/{total}) > {policy.max_error_rate:g}",
+        ))
     for limits, kind in ((policy.floors, "floor"), (policy.ceilings, "ceiling")):
         for key, threshold in limits.items():
             metric, stat = key.rsplit("/", 1)

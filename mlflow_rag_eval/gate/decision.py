@@ -4,10 +4,14 @@ Steps of :func:`gate`:
 
 1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.gate.lookup`): the
    newest on the policy's ``dataset_digest``, else its newest; none -> exit 2;
-2. find the champion (the version holding ``champion_alias``); without one the candidate is
+2. find the champion (the version holding ``champion_alias``). When no version holds it:
+   if the model has no alias at all (or the caller says ``first_version``), the candidate is
    a first version, judged on required metrics, rows, error rate, floors/ceilings and
-   calibration only. The champion's evaluation must be on the candidate's dataset digest
-   (else exit 2); among those, one by the same judge is preferred;
+   calibration only; if the model has other aliases, the alias is taken for a typo and the
+   input is unusable (exit 2, naming the aliases that exist), because a mistyped alias would
+   otherwise skip the regression check and promote a worse version. The champion's
+   evaluation must be on the candidate's dataset digest (else exit 2); among those, one by
+   the same judge is preferred;
 3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
    changed") unless ``allow_judge_change``, which the decision then records;
 4. the checks: metric checks, the paired regression rule vs the champion, calibration;
@@ -18,8 +22,8 @@ Steps of :func:`gate`:
    ``previous_<alias>`` to the old champion, then ``<alias>`` to the candidate. On a fail the
    aliases stay. Unusable input (exit 2) records nothing: no decision was made.
 
-Exit codes: 0 passed, 1 refused, 2 unusable input (bad policy, missing version or
-evaluation, dataset digest mismatch).
+Exit codes: 0 passed, 1 refused, 2 unusable input (bad or empty policy, missing version or
+evaluation, unknown alias, unreadable run or tag, dataset digest mismatch).
 """
 
 from __future__ import annotations
@@ -114,28 +118,51 @@ def _now() -> str:
 
 
 def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | str | Path, *,
-         champion_alias: str = "champion", allow_judge_change: bool = False, client=None,
-         record: bool = True) -> GateDecision:
+         champion_alias: str = "champion", allow_judge_change: bool = False, first_version: bool = False,
+         client=None, record: bool = True) -> GateDecision:
     """Decide whether ``model`` version ``candidate_version`` may take ``champion_alias``.
 
     See the module docstring for the steps and :mod:`mlflow_rag_eval.gate.policy` for the
-    regression rule. Never raises on bad input: the decision has ``exit_code`` 2 and a reason.
+    regression rule. Never raises on bad input (policy, versions, aliases, runs, tags that the
+    tracking store cannot search for): the decision has ``exit_code`` 2 and a reason.
 
     Args:
         policy: a :class:`GatePolicy`, a mapping, or a YAML file path.
         allow_judge_change: gate even if the judge or its prompts differ from the champion's
             evaluation (recorded in the decision).
+        first_version: no version holds ``champion_alias`` yet, although the model has other
+            aliases: judge the candidate as a first version (without it, a missing alias on a
+            model with aliases is taken for a typo: exit 2).
         record: write the decision to MLflow and move aliases (False: a dry run).
     """
     import mlflow
 
-    client = client or mlflow.MlflowClient()
     decision = GateDecision(model, str(candidate_version), False, 2, champion_alias=champion_alias,
                             allow_judge_change=allow_judge_change, decided_at=_now())
 
     def unusable(reason: str) -> GateDecision:
         decision.reasons.append(reason)
         return decision
+
+    try:
+        client = client or mlflow.MlflowClient()  # a tracking URI it cannot use raises here
+        champion = _decide(decision, policy, client, first_version, unusable)
+    except (lookup.UnsearchableValue, mlflow.exceptions.MlflowException) as exc:
+        # What the store could not find or search for (a quote in a tag value, a run or
+        # version gone meanwhile, the store refusing a query): no decision was made.
+        message = exc.message if isinstance(exc, mlflow.exceptions.MlflowException) else str(exc)
+        return unusable(f"cannot read the registry or an evaluation run: {' '.join(str(message).split())}")
+    if decision.exit_code != 2 and record:  # unusable input records nothing
+        _record(client, decision, champion)
+    return decision
+
+
+def _decide(decision: GateDecision, policy, client, first_version: bool, unusable):
+    """Fill ``decision`` (exit 0/1, or 2 through ``unusable``); returns the champion version."""
+    import mlflow
+
+    model, candidate_version = decision.model, decision.candidate_version
+    champion_alias, allow_judge_change = decision.champion_alias, decision.allow_judge_change
 
     try:
         policy = load_policy(policy)
@@ -158,6 +185,16 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
     decision.candidate_run_id, decision.dataset_digest = candidate_run.info.run_id, digest
 
     champion = lookup.champion_version(client, model, champion_alias)
+    if champion is None:
+        others = sorted(a for a in lookup.model_aliases(client, model) if a != champion_alias)
+        if others and not first_version:
+            return unusable(
+                f"alias {champion_alias!r} is not set on model {model!r}, whose aliases are "
+                f"{', '.join(others)}: a mistyped alias would skip the comparison with the champion; "
+                "name the alias that marks the champion, or, if no version has held it yet, "
+                "pass first_version / --first-version")
+    elif first_version and str(champion.version) != str(mv.version):
+        return unusable(f"first_version was asked, but v{champion.version} holds alias {champion_alias!r}")
     if champion is not None and str(champion.version) == str(mv.version):
         decision.notes.append(f"v{mv.version} already holds alias {champion_alias!r}: no champion to compare with")
         champion = None
@@ -176,8 +213,9 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
         champion_run = (same_judge or runs)[0]
         decision.champion_run_id = champion_run.info.run_id
     else:
-        decision.notes.append(f"no champion under alias {champion_alias!r}: judged on required metrics, "
-                              "rows, error rate, floors/ceilings and calibration only")
+        asked = " (first_version asked by the caller)" if first_version else ""
+        decision.notes.append(f"no champion under alias {champion_alias!r}{asked}: judged on required "
+                              "metrics, rows, error rate, floors/ceilings and calibration only")
 
     from mlflow_rag_eval.comparison import NotComparable, compare_evaluations, load_evaluation
 
@@ -190,6 +228,11 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
     decision.prompts_versions["candidate"] = identity["prompts version"]
     checks = metric_checks(candidate_run.data.metrics, policy)
+    lost = candidate_run.data.tags.get("rag_eval.rows_lost")
+    if lost:  # the store holds fewer rows than were evaluated: its aggregates cover a subset
+        checks.append(Check("*", "rows stored", int(lost), 0, False,
+                            f"{lost} evaluated row(s) of run {candidate_run.info.run_id} are missing from the "
+                            "tracking store (tag rag_eval.rows_lost): re-run the evaluation"))
 
     if champion_eval is not None:
         champ = champion_eval.identity
@@ -228,9 +271,7 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
     decision.reasons = [c.reason for c in decision.checks if not c.passed]
     decision.passed = not decision.reasons
     decision.exit_code = 0 if decision.passed else 1
-    if record:
-        _record(client, decision, champion)
-    return decision
+    return champion
 
 
 def _record(client, decision: GateDecision, champion) -> None:

@@ -19,17 +19,21 @@ import re
 from typing import Any
 
 __all__ = [
-    "CALIBRATION_TAG", "champion_version", "evaluation_runs", "find_calibration", "model_id_of",
-    "search_all_experiments",
+    "CALIBRATION_TAG", "UnsearchableValue", "champion_version", "evaluation_runs", "find_calibration",
+    "model_aliases", "model_id_of", "search_all_experiments",
 ]
 
 CALIBRATION_TAG = "rag_eval.calibration"
 
 
+class UnsearchableValue(ValueError):
+    """A tag value that cannot go into an MLflow search filter (empty, quotes, backslashes)."""
+
+
 def _literal(value: str) -> str:
     """A value quoted for a search filter; MLflow filters have no escape for quotes."""
     if not value or any(ch in value for ch in "'\"\\\n"):
-        raise ValueError(f"refusing to search for {value!r}: quotes or backslashes in a tag value")
+        raise UnsearchableValue(f"refusing to search for {value!r}: quotes or backslashes in a tag value")
     return f"'{value}'"
 
 
@@ -80,6 +84,11 @@ def evaluation_runs(client, mv, dataset_digest: str | None = None) -> list:
         ):
             runs = [run]
     return runs
+
+
+def model_aliases(client, model: str) -> dict[str, str]:
+    """Every alias set on ``model``, mapped to the version holding it."""
+    return {str(a): str(v) for a, v in (client.get_registered_model(model).aliases or {}).items()}
 
 
 def champion_version(client, model: str, alias: str):

@@ -5,8 +5,8 @@ One YAML file per registered model::
     model: rag-pipeline            # optional; must match the model being gated
     dataset_digest: 3f2a...        # optional; pin the golden set (default: the candidate's latest)
     require_metrics: [faithfulness, context_recall]
-    min_scored_rows: 30            # per gated metric (default 1)
-    max_error_rate: 0.05           # n_error / (n_scored + n_error), per gated metric
+    min_scored_rows: 30            # per gated metric (default 30)
+    max_error_rate: 0.05           # n_error / (n_scored + n_error), per gated metric (default 0.05)
     floors:                        # lower limits on logged aggregates
       faithfulness/mean: 0.85
       faithfulness/p10: 0.5
@@ -20,7 +20,22 @@ One YAML file per registered model::
 
 The *gated metrics* are ``require_metrics`` plus every metric named in ``floors``,
 ``ceilings`` and ``max_regression``: a limit on a metric requires it. Row counts, error rate and
-calibration apply to each gated metric.
+calibration apply to each gated metric. A policy must gate at least one metric: an empty policy
+file (or one of only defaults) would pass any version, regressions included, so it is refused.
+
+Defaults, when the policy leaves them out; both bound what the other checks can see:
+
+* ``max_error_rate: 0.05``. Rows the judge failed on carry no score, and the regression rule
+  pairs only rows scored in both runs: a candidate whose judge failed on half its rows would
+  be compared on the half that worked, and pass. At most one failed row in twenty keeps a
+  floor or a delta about (nearly) the whole golden set; ``1.0`` turns the check off, which a
+  policy must then say. A run that did not log ``<metric>/n_error`` fails the check (its
+  error rate is unknown), never passes it silently.
+* ``min_scored_rows: 30``. Below about 30 scored rows, a mean of scores in [0, 1] has a 95%
+  interval wider than +-0.18 (binary scores at 0.5: 1.96 * sqrt(0.25 / 30)) and the
+  percentile bootstrap behind the regression CI is unstable, so floors and tolerances of a
+  few hundredths would decide on noise. A smaller golden set is allowed, but its policy must
+  say so (``min_scored_rows: 10``), and the decision records the figure.
 
 Regression rule: a metric regresses when the paired mean delta over the rows both runs scored
 (candidate - champion, sign flipped for lower-is-better metrics) is below
@@ -94,8 +109,8 @@ class GatePolicy:
     model: str | None = None
     dataset_digest: str | None = None
     require_metrics: tuple[str, ...] = ()
-    min_scored_rows: int = 1
-    max_error_rate: float | None = None
+    min_scored_rows: int = 30
+    max_error_rate: float = 0.05
     floors: Mapping[str, float] = field(default_factory=dict)
     ceilings: Mapping[str, float] = field(default_factory=dict)
     max_regression: Mapping[str, float] = field(default_factory=dict)
@@ -128,24 +143,43 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
     """A :class:`GatePolicy` from a YAML file, a mapping, or a policy (returned as is).
 
     Raises:
-        PolicyError: unknown key (at any level), wrong type or impossible value, naming the key.
+        PolicyError: unreadable or empty file (not UTF-8, not YAML), unknown key (at any level),
+            wrong type or impossible value, or no gated metric; the message names the key or
+            the file.
     """
     if isinstance(source, GatePolicy):
-        return source
+        return _check_gates_something(source)
     if isinstance(source, (str, Path)):
         import yaml
 
         path = Path(source)
         try:
-            data = yaml.safe_load(path.read_text())
+            text = path.read_bytes().decode("utf-8")
         except OSError as exc:
-            raise PolicyError(str(path), f"cannot read the policy file ({exc.strerror})") from None
+            raise PolicyError(str(path), f"cannot read the policy file ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise PolicyError(str(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                                         f"{exc.start}); save the policy as UTF-8") from None
+        try:
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise PolicyError(str(path), f"not valid YAML: {exc}") from None
-        source = {} if data is None else data
+            raise PolicyError(str(path), "not valid YAML: " + " ".join(str(exc).split())) from None
+        if data is None:
+            raise PolicyError(str(path), "the policy file is empty: a gate on nothing would pass any "
+                                         "version; name the metrics in require_metrics, floors, "
+                                         "ceilings or max_regression")
+        source = data
     if not isinstance(source, Mapping):
         raise PolicyError("<policy>", f"must be a mapping of keys to values, got {type(source).__name__}")
-    return _parse(source)
+    return _check_gates_something(_parse(source))
+
+
+def _check_gates_something(policy: GatePolicy) -> GatePolicy:
+    if not policy.gated_metrics:
+        raise PolicyError("require_metrics", "the policy gates no metric, so it would pass any version; "
+                                             "name the metrics in require_metrics, floors, ceilings or "
+                                             "max_regression")
+    return policy
 
 
 def _unknown(keys, known: set[str], where: str) -> None:
@@ -220,6 +254,10 @@ def _parse(data: Mapping[str, Any]) -> GatePolicy:
     for key in ("model", "dataset_digest"):
         if data.get(key) is not None:
             kwargs[key] = _string(data[key], key)
+    # A digest is searched for as a tag value, and MLflow's filters have no escape for quotes.
+    if "dataset_digest" in kwargs and not re.fullmatch(r"[\w.:+-]+", kwargs["dataset_digest"]):
+        raise PolicyError("dataset_digest", "must be a dataset digest (letters, digits and . : + - _), "
+                                            f"got {kwargs['dataset_digest']!r}")
     if "require_metrics" in data:
         names = data["require_metrics"]
         if isinstance(names, str) or not isinstance(names, (list, tuple)):
@@ -234,7 +272,7 @@ def _parse(data: Mapping[str, Any]) -> GatePolicy:
         if value < 0:
             raise PolicyError("min_scored_rows", f"must be >= 0, got {value}")
         kwargs["min_scored_rows"] = value
-    if data.get("max_error_rate") is not None:
+    if "max_error_rate" in data:  # null is refused, not read as "no limit": write 1.0 for that
         kwargs["max_error_rate"] = _number(data["max_error_rate"], "max_error_rate", low=0.0, high=1.0)
     if "floors" in data:
         kwargs["floors"] = _limits(data["floors"], "floors", floors=True)

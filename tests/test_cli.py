@@ -1,0 +1,119 @@
+"""The command line on bad input: one line on stderr and exit 2 from every command, never a
+traceback; a bug (an exception no input explains) shows its traceback and exits 3, which no
+caller can take for a verdict (0 passed, 1 refused, 2 unusable input)."""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from mlflow_rag_eval.cli import main
+
+
+def _invoke(*args, **kwargs):
+    result = CliRunner().invoke(main, list(args), **kwargs)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), \
+        result.exc_info  # nothing escapes the group
+    return result
+
+
+def _one_line(result) -> str:
+    assert "Traceback" not in result.output, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.fixture
+def evaluated_run(tracking_uri, local_judge, monkeypatch) -> str:
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # MLflow's own stderr lines
+    data = pd.DataFrame({"question": ["How much is a bike?"], "answer": ["5 euros."],
+                         "contexts": [["Bikes cost 5 euros."]], "relevant_ids": [["x"]]})
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": local_judge, "metrics": ["faithfulness"]})
+    return run.info.run_id
+
+
+def test_compare_on_an_unknown_run_id_is_one_line_and_exit_2(tracking_uri, evaluated_run):
+    unknown = "0" * 32
+    for a, b in ((unknown, evaluated_run), (evaluated_run, unknown), ("not-a-run", "nor-this")):
+        result = _invoke("compare", a, b, "--no-log", "--tracking-uri", tracking_uri)
+        assert result.exit_code == 2, result.output
+        line = _one_line(result)
+        assert "compare:" in line and ("not found" in line or "not-a-run" in line), line
+
+
+def test_compare_on_a_run_that_is_no_evaluation_is_not_comparable(tracking_uri, evaluated_run):
+    with mlflow.start_run() as plain:
+        mlflow.log_param("x", 1)
+    result = _invoke("compare", evaluated_run, plain.info.run_id, "--no-log", "--tracking-uri", tracking_uri)
+    assert result.exit_code == 2
+    assert _one_line(result) == f"not comparable: run {plain.info.run_id} holds no rag evaluation"
+
+
+def test_an_unreachable_tracking_server_is_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    policy = tmp_path / "gate.yaml"
+    policy.write_text("require_metrics: [faithfulness]\n")
+    uri = "http://127.0.0.1:9"  # discard port: nothing listens
+    try:
+        for args in (["compare", "a" * 32, "b" * 32, "--no-log"],
+                     ["gate", "--model", "m", "--candidate", "1", "--policy", str(policy)]):
+            result = _invoke(*args, "--tracking-uri", uri)
+            assert result.exit_code == 2, result.output
+            assert "Traceback" not in result.output and "127.0.0.1" in result.output, result.output
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_a_bad_tracking_uri_is_exit_2(tmp_path):
+    policy = tmp_path / "gate.yaml"
+    policy.write_text("require_metrics: [faithfulness]\n")
+    try:
+        result = _invoke("gate", "--model", "m", "--candidate", "1", "--policy", str(policy),
+                         "--tracking-uri", "nosuchscheme://x")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert result.exit_code == 2 and "nosuchscheme" in _one_line(result)
+
+
+def test_cache_info_on_a_folder_is_a_usage_error(tmp_path):
+    result = _invoke("cache", "info", "--path", str(tmp_path))
+    assert result.exit_code == 2 and "is a directory" in result.output and "Traceback" not in result.output
+
+
+def test_usage_errors_stay_clicks_exit_2():
+    result = _invoke("compare", "only-one-run")
+    assert result.exit_code == 2 and "Missing argument" in result.output
+
+
+def test_a_bug_shows_its_traceback_and_exits_3(monkeypatch, tracking_uri):
+    import mlflow_rag_eval.comparison as comparison
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for -: 'str' and 'float'")
+
+    monkeypatch.setattr(comparison, "compare_runs", broken)
+    result = _invoke("compare", "a", "b", "--no-log", "--tracking-uri", tracking_uri)
+    assert result.exit_code == 3
+    assert "Traceback" in result.output and "TypeError: unsupported operand" in result.output
+    assert "internal error (a bug in mlflow-rag-eval" in result.output
+
+
+@pytest.mark.parametrize("exc, code", [
+    (ValueError("bad value"), 2), (OSError(2, "No such file or directory"), 2), (KeyError("x"), 3),
+    (AttributeError("x"), 3), (RuntimeError("x"), 3),
+])
+def test_which_exceptions_are_input_errors(exc, code):
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_rag_eval.cli import _is_input_error
+    from mlflow_rag_eval.judges.base import JudgeCapabilityError, JudgeUnreachable
+
+    assert _is_input_error(exc) is (code == 2)
+    assert _is_input_error(MlflowException("Run 'x' not found"))
+    assert _is_input_error(JudgeUnreachable("no route")) and _is_input_error(JudgeCapabilityError("no grade"))
