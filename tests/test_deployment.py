@@ -6,8 +6,8 @@ row becomes a trace with its assessments; the runs are compared; reviewers' labe
 on one run's traces through the REST endpoint the MLflow UI uses; the judge is calibrated from
 them; and the gate promotes the better version, moving the registry alias.
 
-The "reviewer" here labels a row 1 when the judge's context recall is at least 0.5 and
-disagrees on a few rows: it exercises the path from UI labels to the gate, and says nothing of
+The "reviewer" here gives each row the judge's context recall rounded to a tenth, and the
+opposite on a few rows: it exercises the path from UI labels to the gate, and says nothing of
 the judge's quality.
 """
 
@@ -53,7 +53,7 @@ def over_http(deployment, monkeypatch):
     mlflow.set_tracking_uri(None)
 
 
-def _post_label(url: str, trace_id: str, value: bool, reviewer: str) -> None:
+def _post_label(url: str, trace_id: str, value: float, reviewer: str) -> None:
     """A reviewer's feedback, as the MLflow UI's assessment form posts it."""
     body = {"assessment": {
         "assessment_name": "context_recall", "trace_id": trace_id,
@@ -111,15 +111,19 @@ def test_evaluate_compare_calibrate_and_gate_on_postgres_and_s3(over_http, local
     comparison = compare_runs(run_a, run_b, log_to=None)
     assert {d.metric for d in comparison.deltas} >= {"hit_at_5", "ndcg_at_10", "context_recall"}
 
-    # Reviewers label rows of the candidate's run; the judge is calibrated on those labels.
+    # Reviewers label rows of the candidate's run; the judge is calibrated on those labels. The
+    # rows are taken in golden-set order (not by random trace id), so the labels are the same
+    # in every run of this test.
     traces = client.search_traces(locations=[experiment_id], run_id=run_b, max_results=500, include_spans=False)
     labelled = 0
-    for trace in sorted(traces, key=lambda t: t.info.trace_id):
+    for trace in sorted(traces, key=lambda t: int(t.info.trace_metadata["rag_eval.row"])):
         judged = next((a for a in trace.info.assessments if a.name == "context_recall"), None)
         if judged is None or judged.value is None or labelled == 55:
             continue
-        agrees = labelled % 20 != 7  # a few disagreements
-        _post_label(url, trace.info.trace_id, (judged.value >= 0.5) == agrees, reviewer="reviewer@example.com")
+        label = round(judged.value, 1)
+        if labelled % 20 == 7:  # a few disagreements
+            label = 1.0 - label
+        _post_label(url, trace.info.trace_id, label, reviewer="reviewer@example.com")
         labelled += 1
     assert labelled == 55
     calibration = calibrate_from_run(run_b, "context_recall", n_boot=200)
