@@ -8,7 +8,7 @@ Routes into MLflow:
 - :func:`rag_metrics` — ``extra_metrics`` for MLflow's default evaluator;
 - :func:`rag_scorers` — scorers for ``mlflow.genai.evaluate``.
 Building blocks: :func:`evaluate_records`, :func:`get_judge`, :func:`rubric`,
-:func:`compare_runs`.
+:func:`compare_runs`; extension points: :func:`register_metric`, :func:`register_judge_provider`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "rag_metrics",
     "rag_scorers",
     "records_from_frame",
+    "register_judge_provider",
     "register_metric",
     "rubric",
 ]
@@ -35,6 +36,7 @@ _WHERE = {
     "records_from_frame": "mlflow_rag_eval.records",
     "evaluate_records": "mlflow_rag_eval.engine",
     "get_judge": "mlflow_rag_eval.judges",
+    "register_judge_provider": "mlflow_rag_eval.judges",
     "rag_metrics": "mlflow_rag_eval.integrations.mlflow_metrics",
     "rag_scorers": "mlflow_rag_eval.integrations.mlflow_scorers",
     "register_metric": "mlflow_rag_eval.metrics",

@@ -237,6 +237,19 @@ def test_parse_bedrock_target():
     assert (backend.model, backend.region_name) == (MODEL, "eu-central-1")
     with pytest.raises(ValueError):
         parse_bedrock_target("openai:/gpt-4o")
+    allowed = r"allowed: \['concurrency', 'profile_name', 'region_name', 'supports_schema'\]"
+    with pytest.raises(ValueError, match=allowed):
+        parse_bedrock_target(f"bedrock:/{MODEL}?region=eu-central-1")
+
+
+def test_judge_name_region_wins_over_the_aws_configuration():
+    """get_judge goes through the same parser: the name's region, not AWS_DEFAULT_REGION."""
+    from mlflow_rag_eval.judges import get_judge
+
+    judge = get_judge(f"bedrock:/{MODEL}?region_name=eu-central-1")
+    assert judge.backend.model == MODEL
+    assert judge.backend.identity()["region"] == "eu-central-1"
+    assert get_judge(f"bedrock:/{MODEL}").backend.identity()["region"] == "us-east-1"
 
 
 def test_package_imports_without_boto3():

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from mlflow_rag_eval.judges import JudgeCapabilityError, RelevanceItem, VerifyItem, get_judge
 from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_path
-from mlflow_rag_eval.judges.local import LocalJudge
+from mlflow_rag_eval.judges.local import LocalJudge, LocalJudgeSettings
 
 PASSAGES = [
     "Bicycles travel on all Northwind Rail trains for a flat fare of 5 euros per journey. "
@@ -34,6 +38,33 @@ def test_the_same_loader_takes_a_model_folder_path(local_judge):
 
 def test_fingerprint_changes_with_a_threshold():
     assert LocalJudge().info().fingerprint != LocalJudge(support_threshold=0.7).info().fingerprint
+
+
+def test_overrides_apply_on_top_of_given_settings():
+    judge = LocalJudge(LocalJudgeSettings(relevance_threshold=0.4), support_threshold=0.7)
+    assert (judge.settings.relevance_threshold, judge.settings.support_threshold) == (0.4, 0.7)
+    named = get_judge("local:minilm-l6?support_threshold=0.7")
+    assert named.info().fingerprint == LocalJudge(support_threshold=0.7).info().fingerprint
+
+
+def test_torch_loads_at_the_first_embedding_not_before():
+    """Building the judge and its identity (files hashed) load no model; the first embedding does."""
+    code = textwrap.dedent(
+        """
+        import sys
+        heavy = lambda: [m for m in ("torch", "sentence_transformers") if m in sys.modules]
+        from mlflow_rag_eval.judges import get_judge
+        judge = get_judge()
+        judge.info()
+        judge.extract_claims(["The fare is 5 euros."])  # lexical: no embedding
+        assert heavy() == [], heavy()
+        judge.similarity([("train fare", "ticket price")])
+        assert heavy() == ["torch", "sentence_transformers"], heavy()
+        print("OK")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_verify_supports_paraphrase_and_rejects_unrelated_and_changed_numbers(local_judge):

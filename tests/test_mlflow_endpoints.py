@@ -238,6 +238,13 @@ def test_target_from_env_and_judge_name(monkeypatch):
     named = parse_endpoints_target("endpoints:/chat?target_uri=http://127.0.0.1:5001")
     assert (named.model, named.base_url) == ("chat", "http://127.0.0.1:5001")
     assert parse_endpoints_target("endpoints:/judge").base_url == "http://127.0.0.1:5999"
+    # get_judge goes through the same parser: the name's target, not the environment's.
+    from mlflow_rag_eval.judges import get_judge
+
+    judge = get_judge("endpoints:/chat?target_uri=http://127.0.0.1:5001")
+    assert (judge.backend.model, judge.backend.base_url) == ("chat", "http://127.0.0.1:5001")
+    with pytest.raises(ValueError, match=r"allowed: \['concurrency', 'supports_schema', 'target_uri'\]"):
+        parse_endpoints_target("endpoints:/chat?target=http://127.0.0.1:5001")
     monkeypatch.delenv("MLFLOW_DEPLOYMENTS_TARGET")
     with pytest.raises(ValueError, match="MLFLOW_DEPLOYMENTS_TARGET"):
         MlflowEndpointsBackend("chat")

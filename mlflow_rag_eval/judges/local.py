@@ -13,11 +13,13 @@ Treat its scores as a fast, offline screen, and calibrate before gating on them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +32,10 @@ from mlflow_rag_eval.judges.base import (
     VerifyItem,
 )
 from mlflow_rag_eval.judges.embedding import Embedder
+from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
 from mlflow_rag_eval.text import content_tokens, numbers, split_sentences, strip_citations
 
-__all__ = ["LocalJudge", "LocalJudgeSettings"]
+__all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
@@ -85,7 +88,8 @@ class LocalJudge(Judge):
     )
 
     def __init__(self, settings: LocalJudgeSettings | None = None, **overrides):
-        self.settings = settings or LocalJudgeSettings(**overrides)
+        # Overrides apply on top of the given settings (never silently dropped).
+        self.settings = dataclasses.replace(settings, **overrides) if settings else LocalJudgeSettings(**overrides)
         self.embedder = Embedder(self.settings.model)
         self.calls = 0
         self._info: JudgeInfo | None = None
@@ -254,3 +258,32 @@ class LocalJudge(Judge):
             else:
                 out.append(Verdict(False, f"answers (abstention cosine {closeness:.2f})", score=closeness))
         return out
+
+
+#: The settings a ``local:`` judge name (and ``get_judge``'s keywords) may set: the thresholds.
+_THRESHOLDS = tuple(f.name for f in dataclasses.fields(LocalJudgeSettings) if f.name != "model")
+
+
+def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> LocalJudge:
+    """The ``build`` of the ``local`` scheme: ``options`` are thresholds, as in the name (a
+    keyword overrides the name's value)."""
+    unknown = sorted(set(options) - set(_THRESHOLDS))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for judge {name!r}; allowed: {sorted(_THRESHOLDS)} "
+            "(LLM settings such as timeout or temperature do not apply to the local judge)"
+        )
+    return LocalJudge(settings, **options)
+
+
+@register_judge_provider("local", build=_local_judge)
+def parse_local_target(spec: str) -> LocalJudgeSettings:
+    """Settings from a judge name: ``local:minilm-l6`` (the default), ``local:<model folder>``.
+
+    The target is a packaged model's short name or a sentence-transformers model folder (kept
+    as written: ``local:/abs/path`` is absolute). Options, as a query string: the thresholds
+    ``support_threshold``, ``relevance_threshold``, ``abstention_threshold`` and
+    ``similarity_weight``, e.g. ``local:minilm-l6?support_threshold=0.7``.
+    """
+    model, options = split_judge_name(spec, "local", {k: as_float for k in _THRESHOLDS}, strip_slash=False)
+    return LocalJudgeSettings(model=model or "minilm-l6", **options)

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl
 
 from mlflow_rag_eval.judges.chat import CONNECTION_ERROR, ChatReply, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.openai_compat import error_for_status, parse_chat_completion, scrub
+from mlflow_rag_eval.judges.registry import as_bool, as_int, as_url, backend_options, register_judge_provider
 
 __all__ = ["MlflowEndpointsBackend", "parse_endpoints_target"]
 
@@ -44,6 +44,8 @@ _SECRET_ENVS = (
     "DATABRICKS_TOKEN",
     "DATABRICKS_CLIENT_SECRET",
 )
+#: Options of an ``endpoints:/`` judge name and their types.
+_TARGET_OPTIONS = {"target_uri": as_url, "supports_schema": as_bool, "concurrency": as_int}
 
 
 class MlflowEndpointsBackend:
@@ -230,25 +232,14 @@ def _transport_error(exc: Exception, where: str, secrets: tuple[str | None, ...]
     return PermanentError("BadRequest", f"{where}: {message}")
 
 
+@register_judge_provider("endpoints")
 def parse_endpoints_target(spec: str) -> MlflowEndpointsBackend:
     """A backend from a judge name: ``endpoints:/<name>``, options as a query string.
 
-    Example: ``endpoints:/chat?target_uri=http://127.0.0.1:5000``. Options: ``target_uri``,
-    ``supports_schema`` (``true``/``false``). Without ``target_uri`` the MLflow deployments
-    target is used (``$MLFLOW_DEPLOYMENTS_TARGET``).
+    Example: ``endpoints:/chat?target_uri=http://127.0.0.1:5000``. Options: ``target_uri``
+    (a gateway URL without credentials, or ``databricks``), ``supports_schema``
+    (``true``/``false``), ``concurrency`` (the backend's default concurrency). Without
+    ``target_uri`` the MLflow deployments target is used (``$MLFLOW_DEPLOYMENTS_TARGET``).
     """
-    scheme, sep, rest = spec.partition(":")
-    if scheme != "endpoints" or not sep:
-        raise ValueError(f"not an endpoints judge name: {spec!r} (expected 'endpoints:/<name>')")
-    name, _, query = (rest[1:] if rest.startswith("/") else rest).partition("?")
-    if not name:
-        raise ValueError(f"no endpoint name in judge name {spec!r}")
-    options = dict(parse_qsl(query))
-    unknown = set(options) - {"target_uri", "supports_schema"}
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} in judge name {spec!r}")
-    return MlflowEndpointsBackend(
-        name,
-        target_uri=options.get("target_uri"),
-        supports_schema=options.get("supports_schema", "false").lower() in ("true", "1"),
-    )
+    name, options = backend_options(spec, "endpoints", _TARGET_OPTIONS, "endpoint name", "name")
+    return MlflowEndpointsBackend(name, **options)

@@ -50,6 +50,7 @@ from mlflow_rag_eval.judges.chat import (
     PermanentError,
     TransientError,
 )
+from mlflow_rag_eval.judges.registry import as_url, register_judge_provider
 from mlflow_rag_eval.judges.usage import token_count
 
 __all__ = [
@@ -645,6 +646,7 @@ _TARGET_OPTIONS = {
 }
 
 
+@register_judge_provider("openai")
 def parse_openai_target(spec: str) -> OpenAICompatBackend:
     """A backend from a judge name.
 
@@ -687,7 +689,7 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
         kwargs["response_format"] = options["response_format"]
     return OpenAICompatBackend(
         model,
-        base_url=options.get("base_url") or None,
+        base_url=as_url(options["base_url"]) if options.get("base_url") else None,
         api_key_env=options.get("api_key_env") or "OPENAI_API_KEY",
         azure_api_version=options.get("azure_api_version") or None,
         **kwargs,

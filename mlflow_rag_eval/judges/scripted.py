@@ -27,9 +27,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest
+from mlflow_rag_eval.judges.registry import register_judge_provider, split_judge_name
 from mlflow_rag_eval.text import content_tokens, numbers, split_sentences, strip_citations
 
-__all__ = ["ScriptedBackend"]
+__all__ = ["ScriptedBackend", "parse_scripted_target"]
 
 _ABSTAIN = re.compile(r"\b(i don't know|i do not know|cannot answer|can't answer|not (?:say|mention|contain)|no information)\b", re.I)
 
@@ -130,3 +131,14 @@ class ScriptedBackend:
         prompt_tokens = sum(len(m["content"]) for m in request.messages) // 4
         return ChatReply(text=text, model=self.model, tokens_in=prompt_tokens, tokens_out=len(text) // 4)
 
+
+@register_judge_provider("scripted")
+def parse_scripted_target(spec: str) -> ScriptedBackend:
+    """The backend of the judge name ``scripted``: the default rules, no target, no options.
+
+    A custom script is passed in code: ``LLMJudge(ScriptedBackend(script))``.
+    """
+    target, _ = split_judge_name(spec, "scripted", {})
+    if target:
+        raise ValueError(f"the scripted judge takes no model: use 'scripted', got {spec.partition('?')[0]!r}")
+    return ScriptedBackend()

@@ -1,0 +1,116 @@
+"""Start-up cost: what ``import mlflow_rag_eval`` and ``mlflow-rag-eval --help`` take, and load.
+
+Each measurement runs in a fresh interpreter (a warm import in this process would say nothing),
+a few times, and reports the median: the whole process's wall time (what a user waits for)
+and, for the import, the time of the import statement alone. ``--embedding`` also times the
+first embedding of the default local judge, the moment torch and sentence-transformers load.
+
+    .venv/bin/python bench/startup.py [--runs 5] [--embedding]
+
+The heavy modules listed must stay out of the import and of ``--help``: a process that only
+asks for help, or builds a judge from its name, must not pay seconds for torch or MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: modules that cost seconds to import; none belongs to start-up
+HEAVY = ("torch", "sentence_transformers", "transformers", "mlflow", "ragas", "deepeval", "sklearn", "pandas")
+
+_IMPORT = f"""
+import json, sys, time
+t = time.perf_counter()
+import mlflow_rag_eval
+dt = time.perf_counter() - t
+print(json.dumps({{"seconds": dt, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+
+_HELP = f"""
+import contextlib, io, json, sys, time
+sys.argv = ["mlflow-rag-eval", "--help"]
+t = time.perf_counter()
+from mlflow_rag_eval.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+dt = time.perf_counter() - t
+print(json.dumps({{"seconds": dt, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+
+_EMBED = f"""
+import json, sys, time
+t = time.perf_counter()
+from mlflow_rag_eval.judges import get_judge
+judge = get_judge()
+judge.info()
+built = time.perf_counter() - t
+heavy_built = [m for m in {HEAVY!r} if m in sys.modules]
+judge.similarity([("train fare", "ticket price")])
+print(json.dumps({{"build_seconds": built, "heavy_after_build": heavy_built,
+                  "first_embedding_seconds": time.perf_counter() - t - built,
+                  "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+
+
+def _script() -> list[str]:
+    """The installed console script, or the module run by this interpreter."""
+    exe = Path(sys.executable).with_name("mlflow-rag-eval")
+    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from mlflow_rag_eval.cli import main; main()"]
+
+
+def _run(argv: list[str]) -> tuple[float, str]:
+    t = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:2]} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return wall, proc.stdout
+
+
+def _median_of(runs: int, argv: list[str]) -> tuple[float, list[dict]]:
+    walls, reports = [], []
+    for _ in range(runs):
+        wall, out = _run(argv)
+        walls.append(wall)
+        if out.strip().startswith("{"):
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    return statistics.median(walls), reports
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--embedding", action="store_true", help="also time the first embedding")
+    args = parser.parse_args()
+
+    bare, _ = _median_of(args.runs, [sys.executable, "-c", "pass"])
+    print(f"python -c pass                 {bare:6.3f} s (process, median of {args.runs})")
+
+    wall, reports = _median_of(args.runs, [sys.executable, "-c", _IMPORT])
+    inner = statistics.median(r["seconds"] for r in reports)
+    print(f"import mlflow_rag_eval         {wall:6.3f} s (process)  {inner:6.3f} s (import statement)")
+    print(f"  heavy modules imported: {reports[-1]['heavy'] or 'none'}")
+
+    wall, _ = _median_of(args.runs, _script() + ["--help"])
+    _, reports = _median_of(1, [sys.executable, "-c", _HELP])
+    print(f"mlflow-rag-eval --help         {wall:6.3f} s (process)")
+    print(f"  heavy modules imported: {reports[-1]['heavy'] or 'none'}")
+
+    if args.embedding:
+        wall, reports = _median_of(1, [sys.executable, "-c", _EMBED])
+        r = reports[-1]
+        print(f"get_judge() + info()           {r['build_seconds']:6.3f} s  heavy: {r['heavy_after_build'] or 'none'}")
+        print(f"first embedding                {r['first_embedding_seconds']:6.3f} s  heavy: {r['heavy']}")
+
+
+if __name__ == "__main__":
+    main()
