@@ -18,7 +18,7 @@ import pytest
 from faulty_server import FaultyServer, Hang, Reply, Reset, Trickle, completion
 
 from mlflow_rag_eval.engine import evaluate_records
-from mlflow_rag_eval.judges import llm as llm_module
+from mlflow_rag_eval.judges import transport as transport_module
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.cache import JudgeCache
 from mlflow_rag_eval.judges.llm import LLMJudge
@@ -47,7 +47,7 @@ LLAMA_CPP_500 = {"error": {"message": (
 @pytest.fixture(autouse=True)
 def fresh_format_memory(monkeypatch):
     """Schema fallbacks are remembered per server for the process; ports get reused."""
-    monkeypatch.setattr(llm_module, "_FORMAT_MEMORY", {})
+    monkeypatch.setattr(transport_module, "_FORMAT_MEMORY", {})
 
 
 @pytest.fixture(autouse=True)

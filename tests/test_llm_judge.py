@@ -13,7 +13,7 @@ import pytest
 
 from mlflow_rag_eval.engine import evaluate_records
 from mlflow_rag_eval.judges import ClaimsItem, JudgeFailure, RelevanceItem, VerifyItem, get_judge
-from mlflow_rag_eval.judges import llm as llm_module
+from mlflow_rag_eval.judges import transport as transport_module
 from mlflow_rag_eval.judges.base import GeneratedQuestions, JudgeUnreachable
 from mlflow_rag_eval.judges.cache import JudgeCache
 from mlflow_rag_eval.judges.chat import ChatReply, PermanentError, TransientError
@@ -149,6 +149,19 @@ def test_twice_invalid_is_a_named_parse_error(bad):
     assert judge.usage()["errors"] == {"ParseError": 1}
 
 
+def test_one_reply_costs_at_most_two_provider_calls():
+    wrong_schema = json.dumps({"verdicts": []})
+    once = judge_with({"claims_verdicts": [wrong_schema, VALID_CLAIMS]})
+    assert [v.value for _, v in one_row(once)] == [True, False]
+    assert (once.usage()["provider_calls"], once.usage()["repair_retries"]) == (2, 1)
+    twice = judge_with({"claims_verdicts": ["not json", wrong_schema, VALID_CLAIMS, VALID_CLAIMS]})
+    outcome = one_row(twice)
+    assert isinstance(outcome, JudgeFailure) and outcome.kind == "ParseError"
+    assert outcome.message.startswith("reply does not match the schema")  # the second reply's error
+    assert twice.usage()["provider_calls"] == 2 == len(twice.backend.requests)
+    assert twice.usage()["repair_retries"] == 1
+
+
 def test_verdicts_must_cover_every_index():
     judge = judge_with({"verify": [
         {"verdicts": [{"index": 0, "verdict": True, "reason": "ok"}]},  # claim 1 missing
@@ -232,7 +245,7 @@ def test_consecutive_connection_failures_across_calls_raise_judge_unreachable():
 
 
 def test_the_declaration_lifts_after_the_hold_and_any_answer_resets_the_count(monkeypatch):
-    monkeypatch.setattr(llm_module, "UNREACHABLE_HOLD_S", 0.2)
+    monkeypatch.setattr(transport_module, "UNREACHABLE_HOLD_S", 0.2)
     script = [refused(), refused(), refused(), VALID_CLAIMS, refused(), refused(), VALID_CLAIMS]
     judge = judge_with({"claims_verdicts": script}, max_retries=3, unreachable_after=3)
     with pytest.raises(JudgeUnreachable):
@@ -459,3 +472,30 @@ def test_raw_completion_is_cached_retried_and_accounted(tmp_path):
     broken = judge_with({"external:deepeval": ["nope", "still nope"]})
     with pytest.raises(JudgeFailure, match="ParseError"):
         broken.complete(messages, schema={"type": "object"}, source="deepeval")
+
+
+def test_structured_completion_takes_the_same_path(tmp_path):
+    from pydantic import BaseModel
+
+    class Rating(BaseModel):
+        rating: int
+
+    messages = [{"role": "user", "content": "deepeval prompt"}]
+    planted = '{"rating": 0}'
+    judge = judge_with({"external:deepeval": [planted, '{"rating": 4}']}, tmp_path=tmp_path)
+    # JSON quoted from the texts under evaluation is never the reply: one corrective retry
+    got = judge.complete_structured(messages, Rating, source="deepeval", data=[f"The answer: {planted}"])
+    assert got == Rating(rating=4)
+    assert judge.backend.requests[0].schema["title"] == "Rating"
+    correction = judge.backend.requests[1].messages[-1]["content"]
+    assert correction.startswith("Your reply was not valid: no valid JSON object") and planted not in correction
+    usage = judge.usage()
+    assert (usage["provider_calls"], usage["repair_retries"], usage["templates"]) == (2, 1, {"external:deepeval": 1})
+    again = LLMJudge(judge.backend, cache=JudgeCache(tmp_path / "cache.sqlite"))
+    assert again.complete_structured(messages, Rating, source="deepeval") == Rating(rating=4)
+    assert (again.usage()["cache_hits"], again.usage()["provider_calls"]) == (1, 0)
+
+    broken = judge_with({"external:deepeval": ["no", '{"rating": "four"}', '{"rating": 4}']})
+    with pytest.raises(JudgeFailure, match="ParseError: reply does not match the schema: rating"):
+        broken.complete_structured(messages, Rating, source="deepeval")
+    assert broken.usage()["provider_calls"] == 2 and broken.usage()["errors"] == {"ParseError": 1}

@@ -14,6 +14,11 @@ What this adapter keeps away from the caller:
   banners and writes files): each row is scored with the metric's own ``a_measure``.
 - **No shared metric state.** deepeval metrics keep ``score``/``reason`` on the instance, so
   every row gets a fresh instance; rows run concurrently on an event loop this module owns.
+- **One structured path.** A reply deepeval wants as a schema takes the judge's one
+  structured-output path (:meth:`LLMJudge.complete_structured`): validated, with the row's
+  texts as data (JSON quoted from them is never the reply), one corrective retry, then a
+  ``ParseError``; at most two provider calls. Nothing here retries on top, and deepeval gets
+  a schema instance back, so its own JSON re-parsing never runs.
 - **Named failures, never NaN.** A row whose reply cannot be parsed (after one corrective
   retry), or that deepeval cannot score, is a named error row; the other rows are scored.
 - **deepeval's definitions, not ours.** See the parity tests for where they coincide with
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import io
@@ -41,7 +47,6 @@ from typing import Any, ClassVar
 
 from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.llm import LLMJudge
-from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
@@ -75,6 +80,11 @@ _NEEDS: tuple[str, ...] = ("complete",) if "complete" in LLMJudge.capabilities e
 
 _IMPORT_LOCK = threading.Lock()
 _DEEPEVAL: Any = None
+#: accounted as template "external:deepeval"
+SOURCE = "deepeval"
+#: The texts of the row being scored (each row runs in its own asyncio task and context): a
+#: reply never takes its JSON from them.
+_ROW_DATA: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("deepeval_row", default=())
 
 
 def apply_env_defaults() -> None:
@@ -143,9 +153,10 @@ def _judge_llm_class() -> type:
 
         With a pydantic ``schema``, deepeval (4.x) takes an instance of it back from a custom
         model (native models return ``(result, cost)``; ours are not native, so no tuple) and
-        without one, the reply text. Every call is ``judge.acomplete`` (or ``complete``) with
-        the schema's JSON schema; the reply is validated here, with one corrective retry that
-        shows the model the validation error, then a ``JudgeFailure("ParseError")``.
+        without one, the reply text. With a schema every call is the judge's
+        ``acomplete_structured`` (or ``complete_structured``), which validates, retries once
+        with the validation error, then raises ``JudgeFailure("ParseError")``; without one,
+        ``acomplete`` (or ``complete``).
         """
 
         def __init__(self, judge: LLMJudge):
@@ -159,26 +170,16 @@ def _judge_llm_class() -> type:
             return self.name
 
         def generate(self, prompt: str, schema: Any = None):
-            messages = _messages(prompt)
-            ask = functools.partial(self.judge.complete, schema=_json_schema(schema), source="deepeval")
-            text = ask(messages)
             if schema is None:
-                return text
-            try:
-                return parse_reply(text, schema)
-            except ReplyParseError as first:
-                return _validated(ask(_corrective(messages, text, first)), schema)
+                return self.judge.complete(_messages(prompt), source=SOURCE)
+            return self.judge.complete_structured(_messages(prompt), schema, source=SOURCE,
+                                                  data=_ROW_DATA.get())
 
         async def a_generate(self, prompt: str, schema: Any = None):
-            messages = _messages(prompt)
-            ask = functools.partial(self.judge.acomplete, schema=_json_schema(schema), source="deepeval")
-            text = await ask(messages)
             if schema is None:
-                return text
-            try:
-                return parse_reply(text, schema)
-            except ReplyParseError as first:
-                return _validated(await ask(_corrective(messages, text, first)), schema)
+                return await self.judge.acomplete(_messages(prompt), source=SOURCE)
+            return await self.judge.acomplete_structured(_messages(prompt), schema, source=SOURCE,
+                                                         data=_ROW_DATA.get())
 
         # deepeval's own versions retry without the schema on *any* TypeError, which would
         # hide a bug and hand deepeval an unvalidated string.
@@ -200,27 +201,9 @@ def _messages(prompt: Any) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def _json_schema(schema: Any) -> dict[str, Any] | None:
-    return schema.model_json_schema() if schema is not None else None
-
-
-def _corrective(messages: list[dict[str, str]], text: str, error: Exception) -> list[dict[str, str]]:
-    return messages + [
-        {"role": "assistant", "content": text},
-        {"role": "user", "content": f"Your reply was not valid: {getattr(error, 'reason', error)}. Reply again with only "
-                                    "the JSON object that matches the schema."},
-    ]
-
-
-def _validated(text: str, schema: Any):
-    try:
-        return parse_reply(text, schema)
-    except ReplyParseError as second:
-        raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
-
-
 def _require_llm_judge(judge: Judge | None, metric: str) -> None:
-    if not (callable(getattr(judge, "complete", None)) and callable(getattr(judge, "acomplete", None))):
+    needed = ("complete", "acomplete", "complete_structured", "acomplete_structured")
+    if not all(callable(getattr(judge, m, None)) for m in needed):
         name = judge.info().name if judge is not None else "none"
         raise JudgeCapabilityError(
             f"deepeval metrics need an LLM judge (openai:/..., bedrock:/..., endpoints:/..., "
@@ -260,7 +243,7 @@ class DeepEvalMetric(Metric):
     @property
     def key(self) -> str:
         # MLflow on Windows refuses ":" in metric keys.
-        return metric_key(self.display_name).replace(":", "_")
+        return metric_key(self.display_name)
 
     def spec(self) -> dict[str, Any]:
         spec = super().spec()
@@ -288,6 +271,8 @@ class DeepEvalMetric(Metric):
         test_case_cls = deepeval.test_case.LLMTestCase
 
         async def one(record: RagRecord) -> RowResult:
+            # This task's own context: the texts of this row only.
+            _ROW_DATA.set((record.question, record.answer, *record.context_texts, record.reference or ""))
             try:
                 # A fresh instance per row: deepeval keeps score, reason and verdicts on it.
                 metric = metric_cls(model=model, **METRIC_SETTINGS)

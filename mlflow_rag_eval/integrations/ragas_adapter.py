@@ -1,9 +1,11 @@
 """ragas metrics, run on our judge: ``ragas:faithfulness``, ``ragas:context_precision``, ...
 
-ragas asks its own prompts; every one of them goes through :meth:`LLMJudge.acomplete`, so it is
-cached, retried, deadline-bound, accounted (template ``external:ragas``) and bounded by the
-judge's concurrency, exactly like our own templates. ragas never builds a client of its own:
-we always hand it our LLM and our embeddings, so it cannot fall back to OpenAI.
+ragas asks its own prompts; every one goes through the judge (cache, retries, deadline,
+accounting as template ``external:ragas``, concurrency limit), like our own templates. A reply
+ragas wants as a ``response_model`` takes the judge's one structured-output path
+(:meth:`LLMJudge.acomplete_structured`, the row's texts as data): at most two provider calls,
+nothing here or in ragas retries on top. ragas never builds a client of its own: we always
+hand it our LLM and our embeddings, so it cannot fall back to OpenAI.
 
 Scoring uses ragas' collections API (``ragas.metrics.collections``: typed pydantic replies, no
 analytics events, not deprecated), one ``await metric.ascore(...)`` per row on an event loop
@@ -33,7 +35,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NamedTuple
 
 from mlflow_rag_eval.judges.base import Judge, JudgeCapabilityError, JudgeFailure, JudgeUnreachable
-from mlflow_rag_eval.judges.parsing import ReplyParseError, parse_reply
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
@@ -54,8 +55,8 @@ class _Spec(NamedTuple):
     defaults: tuple[tuple[str, Any], ...] = ()
 
 
-# The NV metrics re-ask the same prompt up to 5 times on a failure or an off-scale rating; our
-# judge already retries, and a cached or temperature-0 judge gives the same reply again.
+# The NV metrics re-ask the same prompt up to 5 times on a failure or an off-scale rating: on top
+# of the judge's corrective retry, up to 10 calls for one reply (and a cached judge repeats itself).
 _ONE_TRY = (("max_retries", 1),)
 
 
@@ -123,7 +124,8 @@ def _import_ragas():
 
 def _require_llm_judge(judge: Judge | None, metric: str) -> Any:
     """ragas asks its own free-form prompts: only a judge with raw completions can answer."""
-    if judge is None or not callable(getattr(judge, "acomplete", None)) or not hasattr(judge, "embedder"):
+    if judge is None or not hasattr(judge, "embedder") or not all(
+            callable(getattr(judge, m, None)) for m in ("acomplete", "acomplete_structured")):
         name = judge.info().name if judge is not None else "none"
         raise JudgeCapabilityError(
             f"ragas metrics need an LLM judge (openai:/..., bedrock:/..., endpoints:/..., "
@@ -138,10 +140,12 @@ def _require_llm_judge(judge: Judge | None, metric: str) -> Any:
 @dataclass
 class _RowLog:
     """What the judge said while one row was scored: parsed replies, and failures (some ragas
-    metrics catch an exception and score from what is left; we must still see it)."""
+    metrics catch an exception and score from what is left; we must still see it); the row's
+    texts, which a reply never takes its JSON from."""
 
     replies: list = field(default_factory=list)
     failures: list = field(default_factory=list)
+    data: tuple[str, ...] = ()
 
 
 #: The log of the row being scored (each row runs in its own asyncio task, with its own context).
@@ -153,36 +157,27 @@ def _record_failure(exc: JudgeFailure) -> None:
         log.failures.append(exc)
 
 
-async def _ask(judge: Any, messages: list[dict[str, str]], schema: dict | None = None) -> str:
+async def _ask(judge: Any, messages: list[dict[str, str]]) -> str:
+    """A text reply (ragas parses it): no schema, so no validation and no retry here."""
     try:
-        return await judge.acomplete(messages, schema=schema, source=SOURCE)
+        return await judge.acomplete(messages, source=SOURCE)
     except JudgeFailure as exc:
         _record_failure(exc)
         raise
 
 
 async def _structured(judge: Any, prompt: str, response_model: type) -> Any:
-    """``prompt``'s reply validated as ``response_model``: safe repairs, then one corrective
-    retry through the judge; still invalid is a JudgeFailure (``ParseError``), never a default."""
-    messages = [{"role": "user", "content": prompt}]
-    schema = response_model.model_json_schema()
-    text = await _ask(judge, messages, schema)
-    try:
-        parsed = parse_reply(text, response_model)
-    except ReplyParseError as first:
-        text = await _ask(judge, messages + [
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": f"Your reply was not valid: {getattr(first, 'reason', first)}. Reply again with only "
-                                        "the JSON object that matches the schema."},
-        ], schema)
-        try:
-            parsed = parse_reply(text, response_model)
-        except ReplyParseError as second:
-            failure = JudgeFailure("ParseError", f"ragas {response_model.__name__} reply: {second} "
-                                                 "(after one corrective retry)")
-            _record_failure(failure)
-            raise failure from None
+    """``prompt``'s reply validated as ``response_model`` by the judge's one structured path
+    (one corrective retry, then a JudgeFailure ``ParseError``, never a default). No retry
+    here: the judge's is the only one."""
     log = _ROW.get()
+    try:
+        parsed = await judge.acomplete_structured(
+            [{"role": "user", "content": prompt}], response_model, source=SOURCE,
+            data=log.data if log is not None else ())
+    except JudgeFailure as exc:
+        _record_failure(exc)
+        raise
     if log is not None:
         log.replies.append({"model": response_model.__name__, "reply": parsed.model_dump()})
     return parsed
@@ -196,26 +191,28 @@ def _prompt_messages(prompt: Any) -> list[dict[str, str]]:
     return [{"role": roles.get(m.type, "user"), "content": str(m.content)} for m in prompt.to_messages()]
 
 
-@functools.cache
-def _classes() -> dict[str, type]:
-    """The adapter classes, built on first use so that importing this module never imports ragas."""
-    _import_ragas()
-    import numpy as np
-    from langchain_core.outputs import Generation, LLMResult
-    from ragas.embeddings.base import BaseRagasEmbedding, BaseRagasEmbeddings
-    from ragas.llms.base import BaseRagasLLM, InstructorBaseRagasLLM
+def _no_retry(run_config: Any = None) -> Any:
+    """``run_config`` with one attempt: our judge already retries transient errors under a
+    deadline; ragas' tenacity layer (10 attempts, 60 s waits by default) would retry a row's
+    JudgeFailure on top of it."""
     from ragas.run_config import RunConfig
 
-    def no_retry(run_config: RunConfig | None = None) -> RunConfig:
-        # Our judge already retries transient errors under a deadline; ragas' tenacity layer
-        # (10 attempts, 60 s waits by default) would retry a row's JudgeFailure on top of it.
-        base = run_config or RunConfig()
-        return RunConfig(timeout=base.timeout, max_retries=1, max_wait=base.max_wait,
-                         max_workers=base.max_workers, seed=base.seed)
+    base = run_config or RunConfig()
+    return RunConfig(timeout=base.timeout, max_retries=1, max_wait=base.max_wait,
+                     max_workers=base.max_workers, seed=base.seed)
+
+
+# The adapter classes are built on first use, so that importing this module never imports ragas.
+
+@functools.cache
+def _llm_classes() -> dict[str, type]:
+    _import_ragas()
+    from langchain_core.outputs import Generation, LLMResult
+    from ragas.llms.base import BaseRagasLLM, InstructorBaseRagasLLM
 
     class JudgeInstructorLLM(InstructorBaseRagasLLM):
         """ragas' structured-output LLM (``generate/agenerate(prompt, response_model)``) on a
-        judge; replies are validated against ``response_model`` here."""
+        judge: the judge's one structured path validates replies against ``response_model``."""
 
         #: read by ragas' PydanticPrompt when a legacy metric is given this LLM: use agenerate
         is_async = True
@@ -232,23 +229,28 @@ def _classes() -> dict[str, type]:
         async def agenerate(self, prompt: str, response_model):
             return await _structured(self.judge, prompt, response_model)
 
-    class JudgeLegacyLLM(BaseRagasLLM):
+    class JudgeLegacyLLM(BaseRagasLLM, InstructorBaseRagasLLM):
         """ragas' legacy text LLM (``generate_text/agenerate_text -> LLMResult``) on a judge.
 
-        ragas parses these replies itself (its fix-the-format prompt goes through the judge
-        too). ragas' ``temperature`` and ``stop`` are ignored: the judge's settings decide, and
-        they are in its cache key and fingerprint. ``n`` > 1 repeats the judge's one reply.
+        Also a structured LLM, so ragas sends prompts with an output model (every legacy
+        metric's) to ``agenerate``, the judge's one structured path, not to its text branch,
+        which parses replies itself and re-asks with a fix-the-format prompt quoting the reply
+        (4 calls for one bad reply). ragas' ``temperature`` and ``stop`` are ignored: the
+        judge's settings decide. ``n`` > 1 repeats the judge's one reply.
         """
 
+        #: read by ragas' PydanticPrompt: use agenerate, never the sync generate
+        is_async = True
+
         def __init__(self, judge: Any):
-            super().__init__(run_config=no_retry(), multiple_completion_supported=True, cache=None)
+            super().__init__(run_config=_no_retry(), multiple_completion_supported=True, cache=None)
             self.judge = judge
 
         def __repr__(self) -> str:
             return f"JudgeLegacyLLM({self.judge.info().name})"
 
-        def set_run_config(self, run_config: RunConfig) -> None:
-            super().set_run_config(no_retry(run_config))
+        def set_run_config(self, run_config) -> None:
+            super().set_run_config(_no_retry(run_config))
 
         def is_finished(self, response: LLMResult) -> bool:
             return True  # a truncated reply fails to parse, which ragas reports
@@ -259,6 +261,18 @@ def _classes() -> dict[str, type]:
         async def agenerate_text(self, prompt, n=1, temperature=0.01, stop=None, callbacks=None) -> LLMResult:
             text = await _ask(self.judge, _prompt_messages(prompt))
             return LLMResult(generations=[[Generation(text=text) for _ in range(max(1, n))]])
+
+        async def agenerate(self, prompt: str, response_model):
+            return await _structured(self.judge, prompt, response_model)
+
+    return {"llm": JudgeInstructorLLM, "legacy_llm": JudgeLegacyLLM}
+
+
+@functools.cache
+def _embedding_classes() -> dict[str, type]:
+    _import_ragas()
+    import numpy as np
+    from ragas.embeddings.base import BaseRagasEmbedding, BaseRagasEmbeddings
 
     class JudgeEmbeddings(BaseRagasEmbedding):
         """ragas' embedding interface (``embed_text(s)``/``aembed_text(s)``) on the judge's
@@ -286,10 +300,10 @@ def _classes() -> dict[str, type]:
         def __init__(self, embedder: Any):
             super().__init__(cache=None)
             self.embedder = embedder
-            self.run_config = no_retry()
+            self.run_config = _no_retry()
 
-        def set_run_config(self, run_config: RunConfig) -> None:
-            self.run_config = no_retry(run_config)
+        def set_run_config(self, run_config) -> None:
+            self.run_config = _no_retry(run_config)
 
         def embed_query(self, text: str) -> list[float]:
             return self.embedder.encode([text])[0].tolist()
@@ -303,30 +317,27 @@ def _classes() -> dict[str, type]:
         async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
             return await asyncio.to_thread(self.embed_documents, texts)
 
-    return {
-        "llm": JudgeInstructorLLM, "legacy_llm": JudgeLegacyLLM,
-        "embeddings": JudgeEmbeddings, "legacy_embeddings": JudgeLegacyEmbeddings,
-    }
+    return {"embeddings": JudgeEmbeddings, "legacy_embeddings": JudgeLegacyEmbeddings}
 
 
 def ragas_llm(judge: Any):
     """A ragas ``InstructorBaseRagasLLM`` (what ``ragas.metrics.collections`` take) on ``judge``."""
-    return _classes()["llm"](_require_llm_judge(judge, "ragas"))
+    return _llm_classes()["llm"](_require_llm_judge(judge, "ragas"))
 
 
 def ragas_legacy_llm(judge: Any):
     """A ragas ``BaseRagasLLM`` (what the deprecated ``ragas.metrics.X`` classes take) on ``judge``."""
-    return _classes()["legacy_llm"](_require_llm_judge(judge, "ragas"))
+    return _llm_classes()["legacy_llm"](_require_llm_judge(judge, "ragas"))
 
 
 def ragas_embeddings(judge: Any):
     """A ragas ``BaseRagasEmbedding`` (collections metrics) on the judge's local embedder."""
-    return _classes()["embeddings"](judge.embedder)
+    return _embedding_classes()["embeddings"](judge.embedder)
 
 
 def ragas_legacy_embeddings(judge: Any):
     """A ragas ``BaseRagasEmbeddings`` (legacy metrics) on the judge's local embedder."""
-    return _classes()["legacy_embeddings"](judge.embedder)
+    return _embedding_classes()["legacy_embeddings"](judge.embedder)
 
 
 # -- the metric -------------------------------------------------------------------------------------
@@ -424,9 +435,9 @@ class RagasMetric(Metric):
         metric = self.build(judge)
 
         async def one(record: RagRecord) -> RowResult:
-            log = _RowLog()
-            _ROW.set(log)  # this task's own context: only this row's replies and failures
             values = _sample(record)
+            log = _RowLog(data=(record.question, record.answer, *record.context_texts, record.reference or ""))
+            _ROW.set(log)  # this task's own context: only this row's replies and failures
             try:
                 result = await metric.ascore(**{f: values[f] for f in self._spec.fields})
                 value = float("nan") if result.value is None else float(result.value)

@@ -1,0 +1,64 @@
+"""An LLM judge's settings: generation (part of its fingerprint) and fault handling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LLMSettings"]
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """Generation and fault-handling settings; generation ones are part of the fingerprint.
+
+    Fault defaults, and why:
+
+    - ``timeout`` 60 s is the *total* wall-clock time of one attempt (connect, wait, read),
+      enforced while the reply streams by HTTP backends. A hosted model answers a judge prompt
+      (at most ``max_tokens`` 1024 out) well within 30 s; 60 s leaves room for a slow moment.
+      A CPU-only local server or a reasoning model needs more: raise it.
+    - ``deadline`` 120 s bounds one judge call, retries and backoff included, and caps every
+      attempt's budget: a row never waits longer than this on its judge (two full attempts,
+      or many quick ones), so a server that hangs costs each row two minutes, not more.
+    - ``max_retries`` 4 (five attempts): with ``backoff_base`` 0.5 s the waits grow 0.5, 1, 2,
+      4 s (full jitter), enough to ride out a burst of 429s or a restart; a limit that
+      persists past that is not a burst, and ``Retry-After`` is honoured within the deadline.
+    - ``unreachable_after`` (fail-fast): after that many *consecutive connection failures*
+      (refused, reset, host not found, no connection within the connect timeout), counted
+      across all calls and threads of the judge and reset by any answer from the server, the
+      judge raises :class:`JudgeUnreachable` and the evaluation stops with one error before
+      anything is logged. None (the default) means twice the judge's concurrency, at least 8:
+      the requests in flight can all fail together in one blip (a pooled connection dropped,
+      a restart), so the count must also span their retries, i.e. the server stayed down
+      through a round of backoff; a dead server is then declared in about a second and a few
+      dozen calls. 0 turns fail-fast off. 5xx answers and read timeouts do not count: the
+      server answered or accepted, and may be slow or failing on one row only; they stay
+      bounded per row by ``max_retries`` and ``deadline``. An HTTP answer of any status
+      resets the count (the server is reachable); a read timeout neither counts nor resets.
+    """
+
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    seed: int | None = None
+    #: total seconds for one attempt (wall clock, reply read in full)
+    timeout: float = 60.0
+    #: seconds for one judge call, all retries and backoff included
+    deadline: float = 120.0
+    max_retries: int = 4
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    #: consecutive connection failures before JudgeUnreachable; None: 2 x concurrency, >= 8
+    unreachable_after: int | None = None
+    #: concurrent requests; None takes the provider's default
+    concurrency: int | None = None
+    #: fuse extract + verify into one call
+    fuse: bool = True
+    #: embedding model for similarity (answer relevancy); never sent to the provider
+    embedding_model: str = "minilm-l6"
+
+    def generation_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
