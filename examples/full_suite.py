@@ -21,6 +21,8 @@ from pathlib import Path
 
 import mlflow
 
+from mlflow_rag_eval.keys import metric_key
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "rag_pipeline"))
 from pipeline import BM25, extract_answer, load_corpus, load_golden  # noqa: E402
 
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None):
         )
     print(f"\n{'metric':<32}{'mean':>8}{'scored':>8}{'errors':>8}")
     for name in OURS + THEIRS:
-        key = name.replace("@", "_at_").replace(":", "_")
+        key = metric_key(name)
         mean = result.metrics.get(f"{key}/mean")
         print(f"{key:<32}{'-' if mean is None else f'{mean:.3f}':>8}"
               f"{result.metrics[f'{key}/n_scored']:>8.0f}{result.metrics[f'{key}/n_error']:>8.0f}")

@@ -1,9 +1,11 @@
 """Paired comparison of two evaluated runs: per-metric deltas over the rows both runs share.
 
 Rows are paired by what stays fixed between pipeline versions — the question and the
-reference (with an occurrence count for repeated questions) — never by position. For each
-metric, only rows scored in both runs count: the delta of means, a seeded bootstrap 95% CI of
-the mean paired difference, and a Wilcoxon signed-rank p-value (exact for small samples).
+reference (with an occurrence count for repeated questions) — never by position
+(:func:`mlflow_rag_eval.stats.row_keys`). For each metric, only rows scored in both runs count:
+the delta of means, a seeded BCa bootstrap 95% CI of the mean paired difference, and a Wilcoxon
+signed-rank p-value (exact for small samples); see :mod:`mlflow_rag_eval.stats` for the methods
+and for when a CI is not computable.
 
 Two runs are comparable only on the same dataset digest, judge fingerprint and prompts
 version; otherwise :class:`NotComparable` is raised, unless the caller explicitly allows the
@@ -12,18 +14,25 @@ change — then every result carries a loud warning.
 
 from __future__ import annotations
 
-import html
 import json
-import math
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["Comparison", "MetricDelta", "NotComparable", "compare_runs", "load_evaluation", "EvaluatedRun"]
+from mlflow_rag_eval import stats
+from mlflow_rag_eval.keys import metric_key, metrics_in_columns, score_column
+from mlflow_rag_eval.text_table import text_table
+
+__all__ = [
+    "Comparison", "EvaluatedRun", "MetricDelta", "NotComparable", "compare_evaluations", "compare_runs",
+    "load_evaluation", "paired_scores",
+]
+
+#: the p-value under which the Wilcoxon test gives a verdict when no CI is computable
+P_THRESHOLD = 0.05
 
 
 class NotComparable(ValueError):
@@ -48,16 +57,15 @@ class EvaluatedRun:
         }
 
     def metric_keys(self) -> list[str]:
-        return [c[: -len("/score")] for c in self.table.columns if c.endswith("/score")]
+        return metrics_in_columns(self.table.columns)
 
     def row_keys(self) -> list[str]:
-        seen: Counter = Counter()
-        keys = []
-        for question, reference in zip(self.table["question"], self.table.get("reference", [None] * len(self.table))):
-            base = json.dumps([question, reference if isinstance(reference, str) else None])
-            keys.append(f"{base}#{seen[base]}")
-            seen[base] += 1
-        return keys
+        references = self.table["reference"] if "reference" in self.table else [None] * len(self.table)
+        return stats.row_keys(self.table["question"], references)
+
+    def scores(self, metric: str) -> np.ndarray:
+        """The metric's score per row; NaN where the row has none (failed or not applicable)."""
+        return pd.to_numeric(self.table[score_column(metric)], errors="coerce").to_numpy(dtype=float)
 
 
 def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
@@ -76,11 +84,21 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
         with open(lineage_path) as f:
             lineage = json.load(f)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
-    directions = {
-        m["name"].replace("@", "_at_").replace(":", "_"): m.get("greater_is_better", True)
-        for m in lineage.get("metrics", [])
-    }
+    directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
     return EvaluatedRun(run_id, dict(run.data.params), frame, directions)
+
+
+def paired_scores(a: EvaluatedRun, b: EvaluatedRun, metric: str,
+                  pairs: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of ``metric`` on the rows both evaluations scored, paired by row key.
+
+    Args:
+        pairs: ``stats.pair_rows(a.row_keys(), b.row_keys())``, when the caller has it.
+    """
+    ia, ib = pairs if pairs is not None else stats.pair_rows(a.row_keys(), b.row_keys())
+    sa, sb = a.scores(metric)[ia], b.scores(metric)[ib]
+    both = ~np.isnan(sa) & ~np.isnan(sb)
+    return sa[both], sb[both]
 
 
 @dataclass(frozen=True)
@@ -90,20 +108,33 @@ class MetricDelta:
     mean_a: float | None
     mean_b: float | None
     delta: float | None  # mean of (b - a) over the paired rows
-    ci_low: float | None
+    ci_low: float | None  # BCa bootstrap 95% CI of delta; None when not computable
     ci_high: float | None
     p_value: float | None
     greater_is_better: bool = True
+    ci_missing: str | None = None  # why there is no CI
 
     @property
     def verdict(self) -> str:
+        """better / worse / no clear change, for B against A.
+
+        The CI decides: better (worse) when it lies above (below) 0. Where no CI is computable
+        (every pair differs by the same amount, or one pair), the Wilcoxon test at p <
+        ``P_THRESHOLD`` decides the direction of a non-zero delta.
+        """
         if self.delta is None:
             return "no pairs"
-        if self.ci_low is not None and self.ci_low > 0:
-            return "better" if self.greater_is_better else "worse"
-        if self.ci_high is not None and self.ci_high < 0:
-            return "worse" if self.greater_is_better else "better"
+        up = "better" if self.greater_is_better else "worse"
+        down = "worse" if self.greater_is_better else "better"
+        if self.ci_low is not None and self.ci_high is not None:
+            return up if self.ci_low > 0 else down if self.ci_high < 0 else "no clear change"
+        if self.delta != 0 and self.p_value is not None and self.p_value < P_THRESHOLD:
+            return up if self.delta > 0 else down
         return "no clear change"
+
+    @property
+    def ci_text(self) -> str | None:
+        return None if self.ci_low is None else f"[{self.ci_low:+.3f}, {self.ci_high:+.3f}]"
 
 
 @dataclass
@@ -127,65 +158,28 @@ class Comparison:
         lines = [f"A = {self.run_a}   B = {self.run_b}   shared rows: {self.n_shared_rows} "
                  f"(A {self.n_rows_a}, B {self.n_rows_b})"]
         lines += [f"WARNING: {w}" for w in self.warnings]
-        lines.append(f"{'metric':<24}{'n':>5}{'A':>9}{'B':>9}{'B-A':>9}{'95% CI':>20}{'p':>8}  verdict")
-        for d in self.deltas:
-            ci = f"[{d.ci_low:+.3f}, {d.ci_high:+.3f}]" if d.ci_low is not None else "-"
-            lines.append(
-                f"{d.metric:<24}{d.n_pairs:>5}{_fmt(d.mean_a):>9}{_fmt(d.mean_b):>9}"
-                f"{_fmt(d.delta, signed=True):>9}{ci:>20}{_fmt(d.p_value):>8}  {d.verdict}"
-            )
-        return "\n".join(lines)
+        rows = [[d.metric, d.n_pairs, _fmt(d.mean_a), _fmt(d.mean_b), _fmt(d.delta, signed=True), d.ci_text,
+                 _fmt(d.p_value), d.verdict] for d in self.deltas]
+        lines.append(text_table(["metric", "n", "A", "B", "B-A", "95% CI of B-A", "Wilcoxon p", "verdict"], rows,
+                                align="<>>>>>><"))
+        missing = [f"{d.metric}: no CI ({d.ci_missing})" for d in self.deltas if d.ci_missing and d.n_pairs]
+        return "\n".join(lines + missing)
 
     def to_html(self) -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(d.metric)}</td><td>{d.n_pairs}</td><td>{_fmt(d.mean_a)}</td>"
-            f"<td>{_fmt(d.mean_b)}</td><td>{_fmt(d.delta, signed=True)}</td>"
-            f"<td>{'' if d.ci_low is None else f'[{d.ci_low:+.3f}, {d.ci_high:+.3f}]'}</td>"
-            f"<td>{_fmt(d.p_value)}</td><td class='{d.verdict.replace(' ', '-')}'>{d.verdict}</td></tr>"
-            for d in self.deltas
-        )
-        warnings = "".join(f"<p class='warning'>WARNING: {html.escape(w)}</p>" for w in self.warnings)
-        return (
-            "<!doctype html><html><head><meta charset='utf-8'>"
-            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">"
-            "<title>RAG run comparison</title><style>body{font-family:sans-serif;margin:2em}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-            "td:first-child{text-align:left}.better{color:#070}.worse{color:#b00}"
-            ".warning{color:#b00;font-weight:bold}</style></head><body>"
-            f"<h1>B vs A</h1><p>A = {html.escape(self.run_a)}<br>B = {html.escape(self.run_b)}<br>"
-            f"paired rows: {self.n_shared_rows} (A has {self.n_rows_a}, B has {self.n_rows_b})</p>{warnings}"
-            "<table><tr><th>metric</th><th>pairs</th><th>A</th><th>B</th><th>B-A</th>"
-            "<th>95% CI of B-A</th><th>Wilcoxon p</th><th>verdict</th></tr>"
-            f"{rows}</table></body></html>"
-        )
+        from mlflow_rag_eval.report._templates import render
+
+        return render("comparison.html.j2", comparison=self, title="RAG run comparison")
 
 
-def _fmt(value: float | None, signed: bool = False) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
+def _fmt(value: float | None, signed: bool = False) -> str | None:
+    if value is None:
+        return None
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def paired_delta(a: np.ndarray, b: np.ndarray, *, n_boot: int = 2000, seed: int = 0) -> tuple:
-    """Mean of b - a, a bootstrap 95% CI of it, and the Wilcoxon signed-rank p-value."""
-    diff = b - a
-    n = len(diff)
-    if n == 0:
-        return None, None, None, None
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
-    low, high = (float(x) for x in np.quantile(means, [0.025, 0.975]))
-    if np.all(diff == 0):
-        p = 1.0
-    else:
-        from scipy.stats import wilcoxon
-
-        p = float(wilcoxon(diff, zero_method="wilcox").pvalue)
-    return float(diff.mean()), low, high, p
-
-
 def compare_evaluations(a: EvaluatedRun, b: EvaluatedRun, *, allow_judge_change: bool = False,
-                        allow_dataset_change: bool = False, n_boot: int = 2000, seed: int = 0) -> Comparison:
+                        allow_dataset_change: bool = False, n_boot: int = stats.PAIRED_CI_RESAMPLES,
+                        seed: int = stats.SEED) -> Comparison:
     """Compare two loaded evaluations (see :func:`compare_runs`)."""
     warnings = []
     for what, (va, vb) in {k: (a.identity[k], b.identity[k]) for k in a.identity}.items():
@@ -198,30 +192,23 @@ def compare_evaluations(a: EvaluatedRun, b: EvaluatedRun, *, allow_judge_change:
             raise NotComparable(f"{message}; their numbers are not comparable ({flag} to compare anyway)")
         warnings.append(message + " (allowed by the caller: differences may come from that, not the pipeline)")
     keys_a, keys_b = a.row_keys(), b.row_keys()
-    index_b = {k: i for i, k in enumerate(keys_b)}
-    pairs = [(i, index_b[k]) for i, k in enumerate(keys_a) if k in index_b]
-    if len(pairs) < len(keys_a) or len(pairs) < len(keys_b):
-        warnings.append(f"only {len(pairs)} rows are in both runs (A {len(keys_a)}, B {len(keys_b)})")
-    ia = np.array([p[0] for p in pairs], dtype=int)
-    ib = np.array([p[1] for p in pairs], dtype=int)
+    pairs = stats.pair_rows(keys_a, keys_b)
+    n_pairs = len(pairs[0])
+    if n_pairs < len(keys_a) or n_pairs < len(keys_b):
+        warnings.append(f"only {n_pairs} rows are in both runs (A {len(keys_a)}, B {len(keys_b)})")
     deltas = []
-    for metric in [m for m in a.metric_keys() if m in set(b.metric_keys())]:
-        sa = pd.to_numeric(a.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ia] if len(ia) else np.array([])
-        sb = pd.to_numeric(b.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ib] if len(ib) else np.array([])
-        both = ~np.isnan(sa) & ~np.isnan(sb)
-        sa, sb = sa[both], sb[both]
-        delta, low, high, p = paired_delta(sa, sb, n_boot=n_boot, seed=seed)
-        deltas.append(MetricDelta(
-            metric, int(both.sum()), float(sa.mean()) if len(sa) else None,
-            float(sb.mean()) if len(sb) else None, delta, low, high, p,
-            a.greater_is_better.get(metric, True),
-        ))
-    return Comparison(a.run_id, b.run_id, deltas, len(pairs), len(keys_a), len(keys_b), warnings)
+    in_b = set(b.metric_keys())
+    for metric in [m for m in a.metric_keys() if m in in_b]:
+        sa, sb = paired_scores(a, b, metric, pairs)
+        d = stats.paired_delta(sa, sb, n_resamples=n_boot, seed=seed)
+        deltas.append(MetricDelta(metric, d.n, d.mean_a, d.mean_b, d.delta, d.ci_low, d.ci_high, d.p_value,
+                                  a.greater_is_better.get(metric, True), d.ci_missing))
+    return Comparison(a.run_id, b.run_id, deltas, n_pairs, len(keys_a), len(keys_b), warnings)
 
 
 def compare_runs(run_a: str, run_b: str, *, allow_judge_change: bool = False,
                  allow_dataset_change: bool = False, log_to: str | None = None, client=None,
-                 n_boot: int = 2000, seed: int = 0) -> Comparison:
+                 n_boot: int = stats.PAIRED_CI_RESAMPLES, seed: int = stats.SEED) -> Comparison:
     """Compare run B against run A, paired over their shared rows.
 
     Raises NotComparable when the dataset digest, judge fingerprint or prompts version
@@ -241,4 +228,3 @@ def compare_runs(run_a: str, run_b: str, *, allow_judge_change: bool = False,
         client.log_text(log_to, comparison.to_html(), f"{stem}.html")
         client.log_dict(log_to, comparison.as_dict(), f"{stem}.json")
     return comparison
-

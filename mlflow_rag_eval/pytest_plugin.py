@@ -80,15 +80,11 @@ def rag_gate(request):
 
 
 def _lines(checks) -> list[str]:
-    head = f"  {'metric':<20} {'check':<16} {'value':>12} {'threshold':>22} {'Δ vs champion':>14}"
-    out = [head]
-    for c in checks:
-        value = "-" if c.value is None else (f"{c.value:.4f}" if isinstance(c.value, float) else str(c.value))
-        threshold = c.threshold if not isinstance(c.threshold, float) else f"{c.threshold:.4f}"
-        delta = "-" if c.delta is None else f"{c.delta:+.4f}"
-        out.append(f"  {c.metric:<20} {c.kind:<16} {value:>12} {threshold!s:>22} {delta:>14}")
-        if c.reason:
-            out.append(f"      -> {c.reason}")
+    """The failed checks as the gate prints them (one table for both), each reason beneath."""
+    from mlflow_rag_eval.gate.checks import table
+
+    out = [f"  {line}" for line in table(checks).splitlines()]
+    out += [f"      -> {c.metric} {c.kind}: {c.reason}" for c in checks if c.reason]
     return out
 
 

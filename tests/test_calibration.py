@@ -60,6 +60,35 @@ def test_figures_match_scipy_and_sklearn():
     assert flat["spearman"]["value"] is None and flat["auroc"]["value"] == 0.5
 
 
+def test_a_figure_every_resample_agrees_on_has_no_ci():
+    """Today's bug: a judge that agrees on every row got [1, 1] (and one row [v, v]): a
+    zero-width interval, as if the figure were known exactly."""
+    labels = np.array([0.0, 1.0] * 10)
+    perfect = agreement(labels, labels, n_boot=100)
+    for name in FIGURES:
+        assert perfect[name] == {"value": pytest.approx(1.0), "ci_low": None, "ci_high": None}, name
+    flat = agreement(np.full(20, 0.5), labels, n_boot=50)  # AUROC 0.5 in every resample
+    assert flat["auroc"] == {"value": 0.5, "ci_low": None, "ci_high": None}
+    one = agreement([1.0], [1.0], n_boot=20)
+    assert one["accuracy"] == {"value": 1.0, "ci_low": None, "ci_high": None}
+
+
+def test_calibration_resamples_rows_as_every_bootstrap_of_the_package_does():
+    from mlflow_rag_eval import stats
+
+    scores, labels = _synthetic()
+    figures = agreement(scores, labels, n_boot=300, seed=1)
+    agree = ((scores >= 0.5) == (labels >= 0.5)).astype(float)  # accuracy is the mean agreement
+    idx = stats.resample_indices(len(scores), 300, seed=1)
+    assert (figures["accuracy"]["ci_low"], figures["accuracy"]["ci_high"]) == \
+        stats.percentile_interval(agree[idx].mean(axis=1))
+    # the draws are scipy's: on the sorted sample (mean_ci sorts: a mean's CI ignores order),
+    # the same resampling gives mean_ci's interval
+    ordered = np.sort(agree)
+    assert stats.percentile_interval(ordered[idx].mean(axis=1)) == \
+        pytest.approx(stats.mean_ci(agree, n_resamples=300, seed=1), rel=1e-15, abs=0)
+
+
 def _labels_frame() -> pd.DataFrame:
     rows = []
     for i, fact in enumerate(FACTS):
@@ -90,7 +119,10 @@ def test_calibrate_logs_a_run_the_gate_finds(tracking_uri, local_judge, tmp_path
     assert run.data.tags["rag_eval.prompts_version"] == judge.prompts_version
     assert run.data.metrics["calibration/spearman"] == pytest.approx(result.spearman)
     assert run.data.metrics["calibration/n_labels"] == 20
-    assert run.data.metrics["calibration/spearman_ci_low"] <= result.spearman
+    for name, figure in result.figures.items():  # a CI that is not computable is left out, never NaN
+        for stat in ("ci_low", "ci_high"):
+            logged_ci = run.data.metrics.get(f"calibration/{name}_{stat}")
+            assert logged_ci == (None if figure[stat] is None else pytest.approx(figure[stat])), (name, stat)
     assert client.get_experiment(run.info.experiment_id).name == "calib"
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/rag_eval/calibration.json"))
     assert logged["figures"]["kendall_tau"] == result.figures["kendall_tau"]

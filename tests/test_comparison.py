@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import mlflow
-import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from mlflow_rag_eval.cli import main
-from mlflow_rag_eval.comparison import NotComparable, compare_runs, paired_delta
+from mlflow_rag_eval.comparison import EvaluatedRun, NotComparable, compare_evaluations, compare_runs
 from mlflow_rag_eval.judges.local import LocalJudge
 
 CONTEXTS = [
@@ -41,14 +40,59 @@ def _evaluate(data, judge) -> str:
     return run.info.run_id
 
 
-def test_paired_delta_is_the_mean_difference_with_a_bootstrap_ci():
-    a = np.array([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
-    b = np.array([1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
-    delta, low, high, p = paired_delta(a, b, seed=0)
-    assert delta == pytest.approx((0.5 * 5) / 6)
-    assert 0 < low <= delta <= high <= 0.5
-    assert 0 < p < 0.1
-    assert paired_delta(a, a)[3] == 1.0
+def _run(run_id: str, questions: list[str], scores: dict[str, list], references=None) -> EvaluatedRun:
+    """An evaluated run built by hand: the table as load_evaluation reads it."""
+    table = pd.DataFrame({"question": questions, "reference": references or ["ref"] * len(questions),
+                          **{f"{m}/score": v for m, v in scores.items()}})
+    return EvaluatedRun(run_id, {}, table, {"abstention_error": False})
+
+
+def test_rows_pair_by_question_and_reference_never_by_position():
+    questions = ["q1", "q2", "q2", "q3"]  # q2 asked twice: first pairs with first
+    a = _run("A", questions, {"faithfulness": [0.0, 0.2, 0.4, 0.6]})
+    order = [3, 1, 0, 2]  # B lists the same rows in another order (repeats keep their order)
+    b = _run("B", [questions[i] for i in order], {"faithfulness": [[0.1, 0.3, 0.5, 0.7][i] for i in order]})
+    (delta,) = compare_evaluations(a, b).deltas
+    assert delta.n_pairs == 4 and delta.delta == pytest.approx(0.1)
+    assert delta.ci_low is None and "all 4 paired differences equal 0.1" in delta.ci_missing  # no spread
+    # a different reference is a different row
+    c = _run("C", questions, {"faithfulness": [0.1, 0.3, 0.5, 0.7]}, references=["ref", "ref", "ref", "other"])
+    comparison = compare_evaluations(a, c)
+    assert comparison.n_shared_rows == 3 and comparison.deltas[0].n_pairs == 3
+    assert comparison.warnings == ["only 3 rows are in both runs (A 4, C 4)".replace("C 4", "B 4")]
+
+
+def test_one_paired_row_is_no_evidence_of_a_change():
+    """Today's bug: one pair gave the zero-width CI [d, d], so one improved row read "better"."""
+    a, b = _run("A", ["q"], {"faithfulness": [0.0]}), _run("B", ["q"], {"faithfulness": [1.0]})
+    (delta,) = compare_evaluations(a, b).deltas
+    assert delta.delta == 1.0 and delta.ci_low is None and delta.ci_high is None
+    assert delta.ci_missing == "a CI needs at least 2 paired differences, got 1"
+    assert delta.verdict == "no clear change"
+
+
+def test_equal_differences_on_every_row_decide_by_the_wilcoxon_test():
+    n = 12
+    a = _run("A", [f"q{i}" for i in range(n)], {"faithfulness": [0.5] * n, "abstention_error": [0.5] * n})
+    b = _run("B", [f"q{i}" for i in range(n)], {"faithfulness": [1.0] * n, "abstention_error": [1.0] * n})
+    by = {d.metric: d for d in compare_evaluations(a, b).deltas}
+    assert by["faithfulness"].ci_low is None and by["faithfulness"].p_value < 0.001
+    assert by["faithfulness"].verdict == "better" and by["abstention_error"].verdict == "worse"
+
+
+def test_the_comparison_text_is_one_aligned_table_with_the_reasons_for_missing_cis():
+    n = 8
+    a = _run("A", [f"q{i}" for i in range(n)], {"mrr": [0.5] * n, "ndcg_at_10": [0.2, 0.4] * 4})
+    b = _run("B", [f"q{i}" for i in range(n)], {"mrr": [0.5] * n, "ndcg_at_10": [0.6, 0.9] * 4})
+    lines = compare_evaluations(a, b).to_text().splitlines()
+    head, rule, *rows = lines[1:]
+    assert head.split() == ["metric", "n", "A", "B", "B-A", "95%", "CI", "of", "B-A", "Wilcoxon", "p", "verdict"]
+    assert set(rule) == {"-"} and len(rule) == len(head)
+    mrr, ndcg, note = rows
+    assert mrr.split()[:5] == ["mrr", "8", "0.500", "0.500", "+0.000"] and mrr.endswith("no clear change")
+    assert ndcg.startswith("ndcg_at_10") and "better" in ndcg
+    assert head.index("verdict") == mrr.index("no clear change") == ndcg.index("better")  # aligned
+    assert note == "mrr: no CI (all 8 paired differences equal 0: nothing to resample)"
 
 
 def test_better_run_shows_positive_paired_deltas_and_logs_html(tracking_uri, local_judge):
@@ -89,3 +133,12 @@ def test_a_dataset_change_is_refused(tracking_uri, local_judge):
     assert allowed.n_shared_rows == 0  # rows pair by question and reference
     assert any("only 0 rows" in w for w in allowed.warnings)
     assert json.loads(json.dumps(allowed.as_dict()))["n_shared_rows"] == 0
+
+
+def test_the_comparison_page_is_self_contained_and_escapes_what_it_shows():
+    a = _run("run<A>", ["q0", "q1", "q2"], {"x<script>": [0.0, 0.5, 1.0]})
+    b = _run("run<B>", ["q0", "q1", "q2"], {"x<script>": [0.5, 1.0, 1.0]})
+    html = compare_evaluations(a, b).to_html()
+    assert "<script" not in html and "x&lt;script&gt;" in html and "A = run&lt;A&gt;" in html
+    assert "content=\"default-src 'none'; style-src 'unsafe-inline'\"" in html
+    assert "95% CI of B-A (BCa)" in html and "<td class=\"no-clear-change\">no clear change</td>" in html

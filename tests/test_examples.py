@@ -11,6 +11,7 @@ import importlib.util
 
 from conftest import ROOT
 
+from mlflow_rag_eval.keys import metric_key
 from mlflow_rag_eval.testing import FakeJudgeServer
 
 
@@ -22,7 +23,7 @@ def test_full_suite_example_runs_ours_ragas_and_deepeval_on_one_judge(tracking_u
         result = module.main(["--rows", "2", "--tracking-uri", tracking_uri,
                               "--judge", f"openai:/fake-judge?base_url={server.base_url}"])
     for name in module.OURS + module.THEIRS:
-        key = name.replace("@", "_at_").replace(":", "_")
+        key = metric_key(name)
         assert result.metrics[f"{key}/n_scored"] + result.metrics[f"{key}/n_error"] == 2, key
     for key in ("faithfulness", "context_recall", "ndcg_at_10"):
         assert result.metrics[f"{key}/n_scored"] == 2

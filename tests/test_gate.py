@@ -603,3 +603,157 @@ def test_a_candidate_whose_rows_were_lost_by_the_store_is_refused(registry, loca
     assert decision.exit_code == 1
     (check,) = [c for c in decision.failed_checks if c.kind == "rows stored"]
     assert "2 evaluated row(s)" in check.reason and "rag_eval.rows_lost" in check.reason
+
+
+# -- the policy as a typed file format -------------------------------------------------------------
+def test_the_shipped_json_schema_is_the_models():
+    from mlflow_rag_eval.gate.policy import SCHEMA_FILE, policy_json_schema
+
+    shipped = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert shipped == policy_json_schema(), (
+        "policy.schema.json is stale: python -c 'from mlflow_rag_eval.gate.policy import write_json_schema; "
+        "write_json_schema()'")
+    props = shipped["properties"]
+    assert shipped["additionalProperties"] is False
+    assert props["max_error_rate"]["default"] == 0.05 and props["min_scored_rows"]["default"] == 30
+    assert props["max_error_rate"]["maximum"] == 1 and props["min_scored_rows"]["minimum"] == 0
+    assert set(props["floors"]["patternProperties"]) == {"^.+/(mean|median|p10|ci_low|ci_high)$"}
+    assert props["floors"]["additionalProperties"] is False
+    assert shipped["$defs"]["RegressionTest"]["properties"]["decide_on"]["enum"] == ["point", "ci_low"]
+    assert shipped["$defs"]["CalibrationRequirement"]["additionalProperties"] is False
+
+
+def test_the_example_policy_loads():
+    from pathlib import Path
+
+    policy = load_policy(Path(__file__).parents[1] / "examples" / "gate.yaml")
+    assert policy.require_metrics == ("hit_at_5", "mrr", "ndcg_at_10") and policy.max_error_rate == 0.0
+    assert policy.floors == {"hit_at_5/mean": 0.7, "ndcg_at_10/mean": 0.5, "ndcg_at_10/p10": 0.0}
+
+
+def test_a_policy_is_a_validated_model_however_it_is_made():
+    """Found by review: the policy was a plain dataclass; GatePolicy(...) took any value."""
+    from pydantic import ValidationError
+
+    from mlflow_rag_eval.gate import GatePolicy, RegressionTest
+
+    with pytest.raises(ValidationError, match="max_error_rate"):
+        GatePolicy(require_metrics=("faithfulness",), max_error_rate=2.0)
+    with pytest.raises(ValidationError, match="gates no metric"):
+        GatePolicy()
+    with pytest.raises(ValidationError, match="extra"):
+        RegressionTest(alpha=0.1)
+    policy = GatePolicy(require_metrics=("ndcg@10",), floors={"hit@5/mean": 1})
+    assert policy.require_metrics == ("ndcg_at_10",) and policy.floors == {"hit_at_5/mean": 1.0}
+    assert load_policy(policy) is policy
+    with pytest.raises(Exception):
+        policy.max_error_rate = 1.0  # frozen: the hash stays the policy's
+
+
+def test_policy_hashes_are_unchanged_by_the_model():
+    """The hash is recorded on every decision; these were computed before the policy was a
+    pydantic model, and must not move."""
+    assert load_policy({"require_metrics": ["faithfulness"]}).policy_hash == \
+        "de019576b66592a62c9a36ab70eb333b06e8098bbb2d578d7810446d250e4ea3"
+    assert load_policy(POLICY).policy_hash == "cd8afe437476d264c97de1a686f9781cc48b83a85fb67e9bac199ee0a56d4318"
+    full = {"model": " rag ", "dataset_digest": "abc123", "require_metrics": ["hit@5", "hit_at_5"],
+            "floors": {"hit_at_5/mean": 1, "ndcg@10/p10": 0}, "ceilings": {"false_abstention/mean": 0.1},
+            "regression_test": {"confidence": 0.9, "decide_on": "ci_low"},
+            "calibration": {"min_labels": 20, "min_spearman": -1}, "max_error_rate": 1}
+    assert load_policy(full).policy_hash == "d2249aad53122cef8046fc102d01748952218a3871f7591637d81be3726c9929"
+
+
+@pytest.mark.parametrize("policy, key, message", [
+    ({"require_metrics": ["faithfulness"], "min_scored_rows": -1}, "min_scored_rows", "must be >= 0, got -1"),
+    ({"require_metrics": ["faithfulness"], "max_error_rate": float("nan")}, "max_error_rate", "must be finite"),
+    ({"require_metrics": ["faithfulness", ""]}, "require_metrics[1]", "must be a non-empty string, got ''"),
+    ({"require_metrics": ["f"], "calibration": {"min_spearman": 2}}, "calibration.min_spearman",
+     "must be in [-1, 1], got 2"),
+    ({"require_metrics": ["f"], "regression_test": {"confidence": 1.0}}, "regression_test.confidence",
+     "must be in (0, 1), got 1"),
+    ({"require_metrics": ["f"], "calibration": {"required": "yes"}}, "calibration.required",
+     "must be true or false, got 'yes'"),
+    ({"floors": {"faithfulness": 0.8}}, "floors.faithfulness", "name an aggregate as <metric>/<stat>"),
+    ({"ceilings": {"faithfulness/mean": 0.1}}, "ceilings.faithfulness/mean",
+     "higher-is-better: put its limit under floors"),
+    ({"require_metrics": ["f"], "floors": None}, "floors", "must be a mapping, got NoneType"),
+    ({"max_regression": {"ndcg@10": 0.02, "ndcg_at_10": 0.05}}, "max_regression.ndcg_at_10",
+     "the same limit as ndcg@10 (ndcg_at_10)"),
+])
+def test_policy_errors_name_the_key_and_say_what_is_wrong(policy, key, message):
+    with pytest.raises(PolicyError) as info:
+        load_policy(policy)
+    assert info.value.key == key and f"gate policy: {key}: " in str(info.value) and message in str(info.value)
+
+
+# -- the regression rule's CI ----------------------------------------------------------------------
+def _evaluated(run_id: str, scores: list[float]):
+    from mlflow_rag_eval.comparison import EvaluatedRun
+
+    table = pd.DataFrame({"question": [f"q{i}" for i in range(len(scores))], "reference": "r",
+                          "faithfulness/score": scores})
+    return EvaluatedRun(run_id, {}, table, {})
+
+
+def _regression(champion, candidate, **policy):
+    from mlflow_rag_eval.comparison import compare_evaluations
+    from mlflow_rag_eval.gate.checks import regression_check
+
+    policy = load_policy({"max_regression": {"faithfulness": 0.1}, **policy})
+    (delta,) = compare_evaluations(champion, candidate).deltas
+    return regression_check("faithfulness", champion, candidate, delta, policy)
+
+
+def test_the_regression_ci_is_the_paired_bca_at_the_policys_confidence():
+    from mlflow_rag_eval import stats
+
+    a = [1.0] * 20
+    b = [0.0, 0.0, 1.0, 0.5] + [1.0] * 16
+    check = _regression(_evaluated("A", a), _evaluated("B", b),
+                        regression_test={"confidence": 0.9, "decide_on": "ci_low"})
+    low, high = stats.paired_difference_ci(a, b, confidence=0.9)
+    assert f"90% CI [{low:+.3f}, {high:+.3f}]" in check.detail
+    assert check.value == low and not check.passed and "90% CI lower bound" in check.reason
+
+
+def test_one_pair_cannot_bound_a_drop():
+    """Today's bug: one pair gave the zero-width CI [d, d], which then decided on its own."""
+    check = _regression(_evaluated("A", [1.0]), _evaluated("B", [0.95]), regression_test={"decide_on": "ci_low"})
+    assert not check.passed and check.value is None
+    assert "cannot decide on the 95% CI lower bound" in check.reason
+    assert "CI not computable (a CI needs at least 2 paired differences, got 1)" in check.reason
+    point = _regression(_evaluated("A", [1.0]), _evaluated("B", [0.95]))
+    assert point.passed and point.value == pytest.approx(-0.05)  # the point estimate still decides
+
+
+def test_equal_differences_decide_on_that_difference():
+    same = _regression(_evaluated("A", [0.5, 1.0, 0.0]), _evaluated("B", [0.5, 1.0, 0.0]),
+                       regression_test={"decide_on": "ci_low"})
+    assert same.passed and same.value == 0 and "CI not computable (all 3 paired differences equal 0" in same.detail
+    drop = _regression(_evaluated("A", [1.0] * 4), _evaluated("B", [0.8] * 4), regression_test={"decide_on": "ci_low"})
+    assert not drop.passed and drop.reason.startswith("faithfulness regressed: paired delta -0.200 < -0.1")
+    assert "no CI to tell a real drop from noise" in drop.reason
+
+
+def test_a_floor_on_a_ci_the_run_could_not_compute_says_so():
+    from mlflow_rag_eval.gate.checks import metric_checks
+
+    metrics = {"faithfulness/mean": 1.0, "faithfulness/n_scored": 74, "faithfulness/n_error": 0}
+    policy = load_policy({"floors": {"faithfulness/ci_low": 0.8}, "min_scored_rows": 10})
+    (floor,) = [c for c in metric_checks(metrics, policy) if c.kind == "floor ci_low"]
+    assert not floor.passed and floor.reason == (
+        "faithfulness/ci_low was not logged (the CI is not computable: fewer than 2 scored rows, or all of them equal)")
+
+
+def test_the_decision_table_is_the_shared_text_table():
+    decision = GateDecision("rag", "7", False, 1, checks=[
+        Check("faithfulness", "floor mean", 0.71, 0.85, False, "x", delta=-0.12),
+        Check("ndcg_at_10", "regression", None, -0.02, True),
+    ])
+    lines = decision.to_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("metric"))
+    header, rule, first, second = lines[head:head + 4]
+    assert set(rule) == {"-"} and len(rule) == len(header)
+    assert header.index("result") == first.index("FAIL") == second.index("ok")
+    assert first.split() == ["faithfulness", "floor", "mean", "0.7100", "0.8500", "-0.1200", "FAIL"]
+    assert second.split() == ["ndcg_at_10", "regression", "-", "-0.0200", "-", "ok"]

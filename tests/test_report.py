@@ -27,7 +27,7 @@ from mlflow_rag_eval.results import MetricResult, RowResult
 
 JUDGE = JudgeInfo(name="scripted", kind="scripted", model="m", fingerprint="f", prompts_version="p")
 XSS = "<script>alert('x')</script>"
-XSS_ESCAPED = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
+XSS_ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"  # as the templates escape it (MarkupSafe)
 
 
 def _row(v: float | str | None, i: int) -> RowResult:
@@ -143,6 +143,33 @@ def test_worst_rows_are_json_safe_and_long_text_is_cut():
         worst_rows(result, fraction=0.0)
 
 
+def test_when_every_row_ties_at_the_best_score_no_row_is_worst():
+    """Today's bug: faithfulness 1.0 on all 74 demo rows listed all 74 rows as "worst"."""
+    result = make_result({"faithfulness": [1.0] * 74, "abstention_error": [0.0] * 74},
+                         lower_is_better=("abstention_error",))
+    out = worst_rows(result)
+    assert out["schema_version"] == 2
+    f = out["metrics"]["faithfulness"]
+    assert (f["worst"], f["cutoff"], f["best"], f["note"]) == ([], None, 1.0, "no row below 1.000")
+    a = out["metrics"]["abstention_error"]
+    assert (a["worst"], a["best"], a["note"]) == ([], 0.0, "no row above 0.000")
+    html = render_report(result, lineage(result), worst=out)
+    assert "faithfulness — no row below 1.000</summary>" in html
+    assert "no row below 1.000: all 74 scored rows score 1.000, the best score seen" in html
+    assert "abstention_error — no row above 0.000</summary>" in html
+    assert "worst row(s)" not in html and "<table class=\"rows\">" not in html
+
+
+def test_rows_at_the_best_score_are_never_worst():
+    values = [1.0, 1.0, 0.5, 1.0]
+    assert _rows(worst_rows(make_result({"faithfulness": values}), fraction=1.0), "faithfulness") == [2]
+    assert _rows(worst_rows(make_result({"faithfulness": values}), min_rows=3), "faithfulness") == [2]
+    out = worst_rows(make_result({"faithfulness": values}))["metrics"]["faithfulness"]
+    assert (out["best"], out["cutoff"], out["note"]) == (1.0, 0.5, None)
+    nothing = worst_rows(make_result({"f": ["E: x", None]}))["metrics"]["f"]
+    assert (nothing["best"], nothing["note"]) == (None, "no scored row")
+
+
 # -- render_report ----------------------------------------------------------------------------
 def _sample_result(n: int = 60, seed: int = 0) -> EvaluationResult:
     """A small but varied evaluation: every section of the report has something to show."""
@@ -243,6 +270,33 @@ def test_report_for_ten_thousand_rows_stays_small():
     assert quadrant in render_report(result, lineage(result))  # the sample is seeded
 
 
+def test_a_ci_that_cannot_be_computed_is_shown_as_such():
+    """Today's bug: the summary showed 1.000 – 1.000 for rows that all scored 1."""
+    result = make_result({"faithfulness": [1.0] * 5, "context_recall": [0.5, None, None, None, None],
+                          "answer_relevancy": [0.2, 0.4, 0.9, 1.0, 0.6]})
+    html = render_report(result, lineage(result))
+    assert '<td class="num" title="not computable: all 5 values equal 1: nothing to resample">—</td>' in html
+    assert '<td class="num" title="not computable: a CI needs at least 2 values, got 1">—</td>' in html
+    s = result.metrics[2].summary
+    assert f'<td class="num">{s.ci_low:.3f} – {s.ci_high:.3f}</td>' in html
+    assert "1.000 – 1.000" not in html
+
+
+def test_the_page_comes_from_package_templates_with_autoescape():
+    from importlib.resources import files
+
+    shipped = {p.name for p in (files("mlflow_rag_eval.report") / "templates").iterdir()}
+    assert {"_page.html.j2", "report.html.j2", "report.css", "comparison.html.j2"} <= shipped
+    # text from the data that looks like markup or like a template is shown, never run
+    tricky = "{{ 1234 * 1000 }} {% if true %}yes{% endif %} <b>bold</b>"
+    result = make_result({"faithfulness": [0.0, 1.0]}, questions=[tricky, "q"], answers=[tricky, "a"])
+    html = render_report(result, lineage(result), title="{{ title }} <i>")
+    assert "1234000" not in html and "<b>bold</b>" not in html
+    assert html.count("{{ 1234 * 1000 }} {% if true %}yes{% endif %} &lt;b&gt;bold&lt;/b&gt;") == 2
+    assert "<title>{{ title }} &lt;i&gt;</title>" in html
+    assert "content=\"default-src 'none'; style-src 'unsafe-inline'\"" in html
+
+
 # -- a real browser ---------------------------------------------------------------------------
 _LAYOUT_JS = """JSON.stringify({
   charts: [...document.querySelectorAll('svg.chart')].map(e => {
@@ -284,7 +338,7 @@ def test_report_renders_in_headless_chromium(sample, chromium, tmp_path):
     for m in result.metrics:
         assert f'<svg id="hist-{m.key}" class="chart"' in dom
     assert '<svg id="quadrant" class="chart"' in dom and dom.count("<circle") == 54
-    assert XSS_ESCAPED.replace("&#x27;", "'") in dom and "<script" not in dom
+    assert XSS_ESCAPED.replace("&#39;", "'") in dom and "<script" not in dom
     assert shot.exists() and shot.stat().st_size > 10_000
     with Image.open(shot) as img:
         assert img.size == (1280, 2000)

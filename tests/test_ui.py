@@ -18,6 +18,7 @@ import pytest
 from browser import chromium as chromium  # noqa: F401  (the fixture)
 from browser import render
 from conftest import ROOT
+from mlflow_rag_eval.keys import metric_key
 from mlflow_rag_eval.testing import mlflow_server
 
 SHOTS = Path(os.environ.get("RAG_EVAL_SCREENSHOTS", ROOT / "build" / "screenshots"))
@@ -83,7 +84,7 @@ def test_a_run_shows_its_rows_with_metric_assessments(ui, demo, chromium, tmp_pa
     # the three expectations too.
     names = MlflowClient(demo.uri).get_run(run_id).data.params["rag_eval.metrics"].split(",")
     assert re.search(rf"Assessments \(\d+/{len(names)}\)", text) and "Expectations (3/3)" in text, text[:3000]
-    keys = [name.replace("@", "_at_") for name in names]
+    keys = [metric_key(name) for name in names]
     shown = {key: float(m.group(1)) for key in keys if (m := re.search(rf"\b{key} AVG ([0-9.]+)", text))}
     assert len(shown) >= 2, text[:3000]
     for key, average in shown.items():  # each shown with the run's average of the rows' values

@@ -3,7 +3,9 @@
 A judge is only worth gating on if its scores track human judgement. :func:`calibrate` runs
 one metric with one judge over human-labelled rows and reports how well the scores agree
 with the labels, each figure with a seeded percentile-bootstrap 95% CI (rows resampled with
-replacement; resamples where a figure is undefined are left out):
+replacement by :func:`mlflow_rag_eval.stats.resample_indices`, the rule every bootstrap of this
+package follows; resamples where a figure is undefined are left out; no CI from fewer than two
+rows, or when every resample gives the same value — a zero-width interval is not a CI):
 
 - Spearman rho and Kendall tau-b between score and label (rank agreement; the gate uses rho);
 - Cohen's kappa, accuracy and balanced accuracy of the binarised decisions: a score counts as
@@ -35,7 +37,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from mlflow_rag_eval import stats
 from mlflow_rag_eval.gate.lookup import CALIBRATION_TAG
+from mlflow_rag_eval.keys import metric_key
+from mlflow_rag_eval.text_table import text_table
 
 __all__ = [
     "CalibrationResult", "DEFAULT_EXPERIMENT", "FIGURES", "calibrate", "calibrate_from_run", "label_value",
@@ -94,6 +100,9 @@ def _maybe_list(text: str) -> list[str]:
 
 
 # -- figures, vectorised over bootstrap resamples: rows of (n_boot, n) matrices ------------------
+# scipy.stats.bootstrap computes one statistic per call and turns an undefined resample (a rank
+# correlation of a resample with constant scores) into NaN bounds; here six figures share each
+# resample, and undefined resamples are left out. The resamples themselves come from stats.
 def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x = x - x.mean(axis=1, keepdims=True)
     y = y - y.mean(axis=1, keepdims=True)
@@ -156,7 +165,8 @@ def agreement(scores, labels, *, threshold: float = 0.5, label_threshold: float 
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=float)
     binary = bool(np.isin(y, (0.0, 1.0)).all())
-    idx = np.vstack([np.arange(len(s)), np.random.default_rng(seed).integers(0, len(s), size=(n_boot, len(s)))])
+    # row 0: the rows as they are (the figure's value); rows 1..n_boot: the resamples
+    idx = np.vstack([np.arange(len(s)), stats.resample_indices(len(s), n_boot, seed)])
     S, Y = s[idx], y[idx]
     Sb, Yb = (S >= threshold).astype(float), (Y >= label_threshold).astype(float)
     out: dict[str, dict[str, float | None]] = {}
@@ -165,10 +175,10 @@ def agreement(scores, labels, *, threshold: float = 0.5, label_threshold: float 
             out[name] = {"value": None, "ci_low": None, "ci_high": None}
             continue
         values = _FUNCS[name](S, Y, Sb, Yb) if len(s) else np.full(n_boot + 1, np.nan)
-        point, boot = values[0], values[1:]
-        boot = boot[~np.isnan(boot)]
-        low, high = (float(v) for v in np.quantile(boot, [0.025, 0.975])) if len(boot) else (None, None)
-        out[name] = {"value": None if np.isnan(point) else float(point), "ci_low": low, "ci_high": high}
+        point = values[0]
+        ci = stats.percentile_interval(values[1:]) if len(s) >= 2 else None
+        out[name] = {"value": None if np.isnan(point) else float(point),
+                     "ci_low": None if ci is None else ci[0], "ci_high": None if ci is None else ci[1]}
     return out
 
 
@@ -205,18 +215,19 @@ class CalibrationResult:
         return out
 
     def to_text(self) -> str:
+        rows = [[name, None if f["value"] is None else f"{f['value']:.3f}",
+                 None if f["ci_low"] is None else f"[{f['ci_low']:.3f}, {f['ci_high']:.3f}]"]
+                for name, f in self.figures.items()]
         lines = [
             f"calibration of {self.metric} by judge {self.judge} (fingerprint {self.judge_fingerprint}, "
             f"prompts {self.prompts_version})",
             f"labels: {self.n_labels}   scored: {self.n_scored}   errors: {self.n_error}   "
             f"not applicable: {self.n_skipped}   binarised at score >= {self.threshold:g}, "
             f"label >= {self.label_threshold:g}",
-            f"{'figure':<20}{'value':>8}   95% CI ({self.n_boot} bootstrap resamples, seed {self.seed})",
+            f"95% CIs: percentile bootstrap, {self.n_boot} resamples, seed {self.seed} "
+            "(- where undefined or every resample agrees)",
+            text_table(["figure", "value", "95% CI"], rows),
         ]
-        for name, f in self.figures.items():
-            value = "-" if f["value"] is None else f"{f['value']:.3f}"
-            ci = "-" if f["ci_low"] is None else f"[{f['ci_low']:.3f}, {f['ci_high']:.3f}]"
-            lines.append(f"{name:<20}{value:>8}   {ci}")
         if self.run_id:
             lines.append(f"logged to run {self.run_id}")
         return "\n".join(lines)
@@ -237,7 +248,6 @@ def calibrate(labels: pd.DataFrame | str | Path, metric: str = "faithfulness", j
     """
     from mlflow_rag_eval.engine import evaluate_records
     from mlflow_rag_eval.records import records_from_frame
-    from mlflow_rag_eval.results import metric_key
 
     threshold = 0.5 if threshold is None else float(threshold)
     frame = load_labels(labels)
@@ -337,8 +347,6 @@ def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: st
     import mlflow
     from mlflow.entities import AssessmentSourceType, Feedback
 
-    from mlflow_rag_eval.results import metric_key
-
     client = client or mlflow.MlflowClient()
     run = client.get_run(run_id)
     params = run.data.params
@@ -388,8 +396,6 @@ def calibrate_from_run(run_id: str, metric: str = "faithfulness", *, label_name:
     (in the MLflow UI, or with ``mlflow.log_feedback`` and a HUMAN source): the same record
     :func:`calibrate` makes from a labels file, for the run's judge fingerprint and prompts
     version, so the gate finds it. No judge call is made: the scores are the run's own."""
-    from mlflow_rag_eval.results import metric_key
-
     rows, identity = labels_from_run(run_id, metric, label_name=label_name, client=client)
     if rows.empty:
         raise ValueError(

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
+from mlflow_rag_eval import stats
 from mlflow_rag_eval.gate.policy import GatePolicy
+from mlflow_rag_eval.keys import display_name, split_aggregate_key
+from mlflow_rag_eval.text_table import text_table
 
-__all__ = ["Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check"]
+__all__ = ["Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "table"]
 
 
 @dataclass(frozen=True)
@@ -78,13 +77,15 @@ def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Chec
         ))
     for limits, kind in ((policy.floors, "floor"), (policy.ceilings, "ceiling")):
         for key, threshold in limits.items():
-            metric, stat = key.rsplit("/", 1)
+            metric, stat = split_aggregate_key(key)
             if f"{metric}/n_scored" not in metrics:
                 continue  # reported once, as a missing required metric
             value = metrics.get(key)
             if value is None:
-                checks.append(Check(metric, f"{kind} {stat}", None, threshold, False,
-                                    f"{key} was not logged (no row scored)"))
+                why = "no row scored" if not metrics[f"{metric}/n_scored"] else (
+                    "the CI is not computable: fewer than 2 scored rows, or all of them equal"
+                    if stat in ("ci_low", "ci_high") else "not in the run's metrics")
+                checks.append(Check(metric, f"{kind} {stat}", None, threshold, False, f"{key} was not logged ({why})"))
                 continue
             ok = value >= threshold if kind == "floor" else value <= threshold
             sign = "<" if kind == "floor" else ">"
@@ -93,36 +94,17 @@ def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Chec
     return checks
 
 
-def paired_scores(a, b, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of ``metric`` on the rows both evaluations scored, paired as the comparison pairs
-    them (question + reference + occurrence; see :mod:`mlflow_rag_eval.comparison`)."""
-    keys_b = {k: i for i, k in enumerate(b.row_keys())}
-    pairs = [(i, keys_b[k]) for i, k in enumerate(a.row_keys()) if k in keys_b]
-    if not pairs:
-        return np.array([]), np.array([])
-    ia, ib = (np.array(p, dtype=int) for p in zip(*pairs))
-    sa = pd.to_numeric(a.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ia]
-    sb = pd.to_numeric(b.table[f"{metric}/score"], errors="coerce").to_numpy(dtype=float)[ib]
-    both = ~np.isnan(sa) & ~np.isnan(sb)
-    return sa[both], sb[both]
-
-
-def bootstrap_ci(diff: np.ndarray, confidence: float, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of ``diff``; at 0.95 the same draws and numbers as
-    :func:`mlflow_rag_eval.comparison.paired_delta`."""
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(low), float(high)
-
-
 def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy) -> Check:
     """The paired regression rule (see :mod:`mlflow_rag_eval.gate.policy`).
 
     ``delta`` is the comparison's :class:`~mlflow_rag_eval.comparison.MetricDelta` (or None
-    when the metric is not in both evaluations).
+    when the metric is not in both evaluations). The CI is the comparison's (BCa, seeded; see
+    :mod:`mlflow_rag_eval.stats`) at the policy's ``confidence``. Where it is not computable:
+    with ``decide_on: ci_low``, every pair differing by the same amount decides on that amount
+    (every resample would give it); a single pair cannot bound a drop and is refused.
     """
+    from mlflow_rag_eval.comparison import paired_scores
+
     tolerance = policy.max_regression[metric]
     test = policy.regression_test
     if delta is None or delta.delta is None:
@@ -130,27 +112,35 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
         return Check(metric, "regression", None, -tolerance, False, f"{metric}: cannot test a regression: {why}")
     sign = 1.0 if delta.greater_is_better else -1.0
     sa, sb = paired_scores(champion, candidate, metric)
-    low, high = bootstrap_ci(sb - sa, test.confidence)
+    ci = stats.paired_difference_ci(sa, sb, confidence=test.confidence)
     adjusted = sign * delta.delta
-    low, high = sorted((sign * low, sign * high))
-    decided = adjusted if test.decide_on == "point" else low
-    ok = decided >= -tolerance
     pct = f"{test.confidence:.0%}"
     p = "-" if delta.p_value is None else f"{delta.p_value:.3g}"
-    detail = (f"{pct} CI [{low:+.3f}, {high:+.3f}], Wilcoxon p={p}, n={delta.n_pairs} "
+    if ci is not None:
+        low, high = sorted((sign * ci[0], sign * ci[1]))
+        shown = f"{pct} CI [{low:+.3f}, {high:+.3f}]"
+        noise = "the CI excludes 0" if high < 0 else "the CI includes 0: the drop may be noise"
+    else:
+        low = high = None
+        missing = stats.ci_missing(sb - sa, "paired differences") or "the BCa interval is undefined"
+        shown = f"{pct} CI not computable ({missing})"
+        noise = "no CI to tell a real drop from noise"
+    detail = (f"{shown}, Wilcoxon p={p}, n={delta.n_pairs} "
               f"(champion {delta.mean_a:.3f} -> candidate {delta.mean_b:.3f})")
+    if test.decide_on == "point" or (low is None and len(sa) >= 2 and stats.all_equal(sb - sa)):
+        decided = adjusted  # ci_low without a CI: every pair moved by exactly this much
+    elif low is None:
+        return Check(metric, "regression", None, -tolerance, False,
+                     f"{metric}: cannot decide on the {pct} CI lower bound: {detail}", delta=adjusted, detail=detail)
+    else:
+        decided = low
+    ok = decided >= -tolerance
     reason = ""
     if not ok:
-        what = "paired delta" if test.decide_on == "point" else f"{pct} CI lower bound"
-        noise = "the CI excludes 0" if high < 0 else "the CI includes 0: the drop may be noise"
+        what = "paired delta" if test.decide_on == "point" or low is None else f"{pct} CI lower bound"
         reason = (f"{metric} regressed: {what} {decided:+.3f} < -{tolerance:g} "
                   f"({detail}; {noise})")
     return Check(metric, "regression", decided, -tolerance, ok, reason, delta=adjusted, detail=detail)
-
-
-def display_name(key: str) -> str:
-    """``ndcg_at_10`` -> ``ndcg@10``: the metric name a key was made from."""
-    return re.sub(r"_at_(\d+)$", r"@\1", key)
 
 
 def is_judge_graded(key: str) -> bool:
@@ -196,11 +186,7 @@ def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePoli
 
 
 def table(checks: list[Check]) -> str:
-    """The checks as a fixed-width text table."""
-    head = f"{'metric':<22}{'check':<17}{'value':>14}{'threshold':>22}{'Δ vs champion':>15}  result"
-    lines = [head, "-" * len(head)]
-    for c in checks:
-        delta = "-" if c.delta is None else f"{c.delta:+.4f}"
-        lines.append(f"{c.metric:<22}{c.kind:<17}{_fmt(c.value):>14}{_fmt(c.threshold):>22}"
-                     f"{delta:>15}  {'ok' if c.passed else 'FAIL'}")
-    return "\n".join(lines)
+    """The checks as a fixed-width text table (the decision's, as printed)."""
+    rows = [[c.metric, c.kind, _fmt(c.value), _fmt(c.threshold), None if c.delta is None else f"{c.delta:+.4f}",
+             "ok" if c.passed else "FAIL"] for c in checks]
+    return text_table(["metric", "check", "value", "threshold", "Δ vs champion", "result"], rows, align="<<>>><")

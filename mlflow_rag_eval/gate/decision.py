@@ -139,139 +139,180 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
 
     decision = GateDecision(model, str(candidate_version), False, 2, champion_alias=champion_alias,
                             allow_judge_change=allow_judge_change, decided_at=_now())
-
-    def unusable(reason: str) -> GateDecision:
-        decision.reasons.append(reason)
-        return decision
-
     try:
         client = client or mlflow.MlflowClient()  # a tracking URI it cannot use raises here
-        champion = _decide(decision, policy, client, first_version, unusable)
+        champion = _decide(decision, policy, client, first_version)
+    except _Unusable as exc:
+        decision.reasons.append(str(exc))
+        return decision
     except (lookup.UnsearchableValue, mlflow.exceptions.MlflowException) as exc:
         # What the store could not find or search for (a quote in a tag value, a run or
         # version gone meanwhile, the store refusing a query): no decision was made.
         message = exc.message if isinstance(exc, mlflow.exceptions.MlflowException) else str(exc)
-        return unusable(f"cannot read the registry or an evaluation run: {' '.join(str(message).split())}")
-    if decision.exit_code != 2 and record:  # unusable input records nothing
+        decision.reasons.append(f"cannot read the registry or an evaluation run: {' '.join(str(message).split())}")
+        return decision
+    if record:  # unusable input (exit 2) returned above: it records nothing
         _record(client, decision, champion)
     return decision
 
 
-def _decide(decision: GateDecision, policy, client, first_version: bool, unusable):
-    """Fill ``decision`` (exit 0/1, or 2 through ``unusable``); returns the champion version."""
-    import mlflow
+class _Unusable(Exception):
+    """The gate cannot decide on this input (exit 2); the message says why."""
 
-    model, candidate_version = decision.model, decision.candidate_version
-    champion_alias, allow_judge_change = decision.champion_alias, decision.allow_judge_change
 
+def _decide(decision: GateDecision, policy, client, first_version: bool):
+    """Fill ``decision`` with its checks and verdict (exit 0/1); returns the champion version.
+    Raises :class:`_Unusable` for input it cannot decide on."""
     try:
         policy = load_policy(policy)
     except PolicyError as exc:
-        return unusable(str(exc))
+        raise _Unusable(str(exc)) from None
     decision.policy, decision.policy_hash = policy.as_dict(), policy.policy_hash
-    if policy.model is not None and policy.model != model:
-        return unusable(f"the policy is for model {policy.model!r}, not {model!r}")
-    try:
-        mv = client.get_model_version(model, str(candidate_version))
-    except mlflow.exceptions.MlflowException as exc:
-        return unusable(f"model version {model} v{candidate_version} not found: {exc.message}")
-    candidate_runs = lookup.evaluation_runs(client, mv, policy.dataset_digest)
-    if not candidate_runs:
-        on = f" on dataset digest {policy.dataset_digest}" if policy.dataset_digest else ""
-        return unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
-                        f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
-    candidate_run = candidate_runs[0]
-    digest = candidate_run.data.tags.get("rag_eval.dataset_digest")
-    decision.candidate_run_id, decision.dataset_digest = candidate_run.info.run_id, digest
-
-    champion = lookup.champion_version(client, model, champion_alias)
-    if champion is None:
-        others = sorted(a for a in lookup.model_aliases(client, model) if a != champion_alias)
-        if others and not first_version:
-            return unusable(
-                f"alias {champion_alias!r} is not set on model {model!r}, whose aliases are "
-                f"{', '.join(others)}: a mistyped alias would skip the comparison with the champion; "
-                "name the alias that marks the champion, or, if no version has held it yet, "
-                "pass first_version / --first-version")
-    elif first_version and str(champion.version) != str(mv.version):
-        return unusable(f"first_version was asked, but v{champion.version} holds alias {champion_alias!r}")
-    if champion is not None and str(champion.version) == str(mv.version):
-        decision.notes.append(f"v{mv.version} already holds alias {champion_alias!r}: no champion to compare with")
-        champion = None
-    champion_run = None
-    if champion is not None:
-        decision.champion_version = str(champion.version)
-        runs = lookup.evaluation_runs(client, champion, digest)
-        if not runs:
-            others = {r.data.tags.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
-            return unusable(
-                f"dataset digest mismatch: the champion v{champion.version} has no evaluation on the "
-                f"candidate's dataset {digest} (its evaluations: {sorted(d for d in others if d) or 'none'}); "
-                "evaluate both on the same golden set")
-        fp = candidate_run.data.params.get("rag_eval.judge_fingerprint")
-        same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
-        champion_run = (same_judge or runs)[0]
-        decision.champion_run_id = champion_run.info.run_id
-    else:
-        asked = " (first_version asked by the caller)" if first_version else ""
-        decision.notes.append(f"no champion under alias {champion_alias!r}{asked}: judged on required "
-                              "metrics, rows, error rate, floors/ceilings and calibration only")
-
-    from mlflow_rag_eval.comparison import NotComparable, compare_evaluations, load_evaluation
-
-    try:
-        candidate = load_evaluation(candidate_run.info.run_id, client)
-        champion_eval = load_evaluation(champion_run.info.run_id, client) if champion_run else None
-    except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
-        return unusable(f"cannot read an evaluation run: {exc}")
+    if policy.model is not None and policy.model != decision.model:
+        raise _Unusable(f"the policy is for model {policy.model!r}, not {decision.model!r}")
+    mv, candidate_run = _candidate(decision, policy, client)
+    champion, champion_run = _champion(decision, client, mv, candidate_run, first_version)
+    candidate, champion_eval = _evaluations(client, candidate_run, champion_run)
     identity = candidate.identity
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
     decision.prompts_versions["candidate"] = identity["prompts version"]
-    checks = metric_checks(candidate_run.data.metrics, policy)
-    lost = candidate_run.data.tags.get("rag_eval.rows_lost")
-    if lost:  # the store holds fewer rows than were evaluated: its aggregates cover a subset
-        checks.append(Check("*", "rows stored", int(lost), 0, False,
-                            f"{lost} evaluated row(s) of run {candidate_run.info.run_id} are missing from the "
-                            "tracking store (tag rag_eval.rows_lost): re-run the evaluation"))
-
+    checks = metric_checks(candidate_run.data.metrics, policy) + _stored_rows_check(candidate_run)
     if champion_eval is not None:
-        champ = champion_eval.identity
-        decision.judge_fingerprints["champion"] = champ["judge fingerprint"]
-        decision.prompts_versions["champion"] = champ["prompts version"]
-        changed = [f"{what} {champ[what]} -> {identity[what]}" for what in ("judge fingerprint", "prompts version")
-                   if champ[what] != identity[what]]
-        if changed and not allow_judge_change:
-            checks.append(Check("*", "judge", identity["judge fingerprint"], champ["judge fingerprint"], False,
-                                f"judge changed since the champion's evaluation ({'; '.join(changed)}): "
-                                "scores are not comparable; re-evaluate the champion with this judge, "
-                                "or pass allow_judge_change / --allow-judge-change"))
-        else:
-            if changed:
-                decision.notes.append(f"judge changed ({'; '.join(changed)}), allowed by the caller: "
-                                      "deltas may come from the judge, not the pipeline")
-            comparison = compare_evaluations(champion_eval, candidate, allow_judge_change=allow_judge_change)
-            decision.comparison = comparison.as_dict()
-            by_metric = {d.metric: d for d in comparison.deltas}
-            checks += [regression_check(m, champion_eval, candidate, by_metric.get(m), policy)
-                       for m in policy.max_regression]
-            adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
-                        for d in comparison.deltas if d.delta is not None}
-            checks = [c if c.delta is not None or c.metric not in adjusted
-                      else dataclasses.replace(c, delta=adjusted[c.metric]) for c in checks]
-
-    if policy.calibration.required:
-        fp, prompts = identity["judge fingerprint"], identity["prompts version"]
-        for metric in policy.gated_metrics:
-            if is_judge_graded(metric):
-                run = lookup.find_calibration(client, metric, fp, prompts) if fp and prompts else None
-                checks.append(calibration_check(metric, run, fp, policy))
-
+        checks = _champion_checks(decision, policy, checks, champion_eval, candidate)
+    checks += _calibration_checks(client, policy, identity)
     order = {m: i for i, m in enumerate(["*", *policy.gated_metrics])}
     decision.checks = sorted(checks, key=lambda c: order.get(c.metric, len(order)))  # stable: by metric
     decision.reasons = [c.reason for c in decision.checks if not c.passed]
     decision.passed = not decision.reasons
     decision.exit_code = 0 if decision.passed else 1
     return champion
+
+
+def _candidate(decision: GateDecision, policy: GatePolicy, client):
+    """The candidate's model version and its newest evaluation run (on the policy's digest)."""
+    import mlflow
+
+    model, version = decision.model, decision.candidate_version
+    try:
+        mv = client.get_model_version(model, str(version))
+    except mlflow.exceptions.MlflowException as exc:
+        raise _Unusable(f"model version {model} v{version} not found: {exc.message}") from None
+    runs = lookup.evaluation_runs(client, mv, policy.dataset_digest)
+    if not runs:
+        on = f" on dataset digest {policy.dataset_digest}" if policy.dataset_digest else ""
+        raise _Unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
+                        f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
+    run = runs[0]
+    decision.candidate_run_id = run.info.run_id
+    decision.dataset_digest = run.data.tags.get("rag_eval.dataset_digest")
+    return mv, run
+
+
+def _champion(decision: GateDecision, client, mv, candidate_run, first_version: bool):
+    """The champion version and its evaluation on the candidate's dataset (None, None for a
+    first version)."""
+    model, alias = decision.model, decision.champion_alias
+    champion = lookup.champion_version(client, model, alias)
+    if champion is None:
+        others = sorted(a for a in lookup.model_aliases(client, model) if a != alias)
+        if others and not first_version:
+            raise _Unusable(
+                f"alias {alias!r} is not set on model {model!r}, whose aliases are "
+                f"{', '.join(others)}: a mistyped alias would skip the comparison with the champion; "
+                "name the alias that marks the champion, or, if no version has held it yet, "
+                "pass first_version / --first-version")
+    elif first_version and str(champion.version) != str(mv.version):
+        raise _Unusable(f"first_version was asked, but v{champion.version} holds alias {alias!r}")
+    if champion is not None and str(champion.version) == str(mv.version):
+        decision.notes.append(f"v{mv.version} already holds alias {alias!r}: no champion to compare with")
+        champion = None
+    if champion is None:
+        asked = " (first_version asked by the caller)" if first_version else ""
+        decision.notes.append(f"no champion under alias {alias!r}{asked}: judged on required "
+                              "metrics, rows, error rate, floors/ceilings and calibration only")
+        return None, None
+    decision.champion_version = str(champion.version)
+    digest = decision.dataset_digest
+    runs = lookup.evaluation_runs(client, champion, digest)
+    if not runs:
+        others = {r.data.tags.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
+        raise _Unusable(
+            f"dataset digest mismatch: the champion v{champion.version} has no evaluation on the "
+            f"candidate's dataset {digest} (its evaluations: {sorted(d for d in others if d) or 'none'}); "
+            "evaluate both on the same golden set")
+    fp = candidate_run.data.params.get("rag_eval.judge_fingerprint")
+    same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
+    champion_run = (same_judge or runs)[0]
+    decision.champion_run_id = champion_run.info.run_id
+    return champion, champion_run
+
+
+def _evaluations(client, candidate_run, champion_run):
+    """The per-row evaluations of the candidate and (if any) the champion."""
+    import mlflow
+
+    from mlflow_rag_eval.comparison import NotComparable, load_evaluation
+
+    try:
+        candidate = load_evaluation(candidate_run.info.run_id, client)
+        champion = load_evaluation(champion_run.info.run_id, client) if champion_run else None
+    except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
+        raise _Unusable(f"cannot read an evaluation run: {exc}") from None
+    return candidate, champion
+
+
+def _stored_rows_check(candidate_run) -> list[Check]:
+    """A run whose rows the store partly lost (tag ``rag_eval.rows_lost``, set by the genai
+    route): its aggregates cover a subset of what was evaluated."""
+    lost = candidate_run.data.tags.get("rag_eval.rows_lost")
+    if not lost:
+        return []
+    return [Check("*", "rows stored", int(lost), 0, False,
+                  f"{lost} evaluated row(s) of run {candidate_run.info.run_id} are missing from the "
+                  "tracking store (tag rag_eval.rows_lost): re-run the evaluation")]
+
+
+def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Check], champion_eval,
+                     candidate) -> list[Check]:
+    """The judge-identity check, then the paired regression checks against the champion;
+    every check gets its direction-adjusted delta vs the champion where one was computed."""
+    from mlflow_rag_eval.comparison import compare_evaluations
+
+    identity, champ = candidate.identity, champion_eval.identity
+    decision.judge_fingerprints["champion"] = champ["judge fingerprint"]
+    decision.prompts_versions["champion"] = champ["prompts version"]
+    changed = [f"{what} {champ[what]} -> {identity[what]}" for what in ("judge fingerprint", "prompts version")
+               if champ[what] != identity[what]]
+    if changed and not decision.allow_judge_change:
+        return checks + [Check("*", "judge", identity["judge fingerprint"], champ["judge fingerprint"], False,
+                               f"judge changed since the champion's evaluation ({'; '.join(changed)}): "
+                               "scores are not comparable; re-evaluate the champion with this judge, "
+                               "or pass allow_judge_change / --allow-judge-change")]
+    if changed:
+        decision.notes.append(f"judge changed ({'; '.join(changed)}), allowed by the caller: "
+                              "deltas may come from the judge, not the pipeline")
+    comparison = compare_evaluations(champion_eval, candidate, allow_judge_change=decision.allow_judge_change)
+    decision.comparison = comparison.as_dict()
+    by_metric = {d.metric: d for d in comparison.deltas}
+    checks = checks + [regression_check(m, champion_eval, candidate, by_metric.get(m), policy)
+                       for m in policy.max_regression]
+    adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
+                for d in comparison.deltas if d.delta is not None}
+    return [c if c.delta is not None or c.metric not in adjusted
+            else dataclasses.replace(c, delta=adjusted[c.metric]) for c in checks]
+
+
+def _calibration_checks(client, policy: GatePolicy, identity: dict) -> list[Check]:
+    """Each judge-graded gated metric needs a calibration of this judge and prompts version."""
+    if not policy.calibration.required:
+        return []
+    fp, prompts = identity["judge fingerprint"], identity["prompts version"]
+    checks = []
+    for metric in policy.gated_metrics:
+        if is_judge_graded(metric):
+            run = lookup.find_calibration(client, metric, fp, prompts) if fp and prompts else None
+            checks.append(calibration_check(metric, run, fp, policy))
+    return checks
 
 
 def _record(client, decision: GateDecision, champion) -> None:

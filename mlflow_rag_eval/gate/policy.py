@@ -33,16 +33,19 @@ Defaults, when the policy leaves them out; both bound what the other checks can 
   error rate is unknown), never passes it silently.
 * ``min_scored_rows: 30``. Below about 30 scored rows, a mean of scores in [0, 1] has a 95%
   interval wider than +-0.18 (binary scores at 0.5: 1.96 * sqrt(0.25 / 30)) and the
-  percentile bootstrap behind the regression CI is unstable, so floors and tolerances of a
+  bootstrap behind the regression CI is unstable, so floors and tolerances of a
   few hundredths would decide on noise. A smaller golden set is allowed, but its policy must
   say so (``min_scored_rows: 10``), and the decision records the figure.
 
 Regression rule: a metric regresses when the paired mean delta over the rows both runs scored
 (candidate - champion, sign flipped for lower-is-better metrics) is below
 ``-max_regression[metric]``. With ``decide_on: point`` (default) the point estimate decides;
-with ``decide_on: ci_low`` the lower bound of the two-sided bootstrap CI at ``confidence``
-decides (stricter: the candidate must show, not merely suggest, that it did not drop by more
-than the tolerance). Either way the CI and the Wilcoxon p-value are reported.
+with ``decide_on: ci_low`` the lower bound of the two-sided BCa bootstrap CI at ``confidence``
+(:func:`mlflow_rag_eval.stats.paired_difference_ci`) decides (stricter: the candidate must show,
+not merely suggest, that it did not drop by more than the tolerance). Where no CI can be
+computed, ``ci_low`` decides on the paired delta when every pair differs by the same amount,
+and refuses a single pair, which cannot bound a drop. Either way the CI (or why there is none)
+and the Wilcoxon p-value are reported.
 
 Why ``point`` by default: golden sets are small (tens to a few hundred rows) and the bootstrap
 CI of a paired mean is often wider than any useful tolerance, so ``ci_low`` would refuse an
@@ -50,31 +53,53 @@ unchanged pipeline. The tolerance is the noise budget; the CI and p shown beside
 reviewer whether a refused drop is real or noise.
 
 Metric names are typed as users know them (``ndcg@10``) and stored as MLflow keys
-(``ndcg_at_10``). Every metric of this package scores rows in [0, 1], so floors and ceilings
-on ``mean``/``median``/``p10``/``ci_low``/``ci_high`` must lie in [0, 1].
+(``ndcg_at_10``, see :mod:`mlflow_rag_eval.keys`). Every metric of this package scores rows in
+[0, 1], so floors and ceilings on ``mean``/``median``/``p10``/``ci_low``/``ci_high`` must lie in
+[0, 1]. A floor on ``ci_low`` fails when the run has no CI (one scored row, or all equal).
+
+The policy is a pydantic model (:class:`GatePolicy`, unknown keys forbidden at every level);
+its JSON schema ships beside this module as ``policy.schema.json``, for editors: put
+``# yaml-language-server: $schema=<path to policy.schema.json>`` at the top of a policy file.
+After changing the model, regenerate it: ``python -c "from mlflow_rag_eval.gate.policy import
+write_json_schema; write_json_schema()"``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from mlflow_rag_eval.results import metric_key
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["CalibrationRequirement", "GatePolicy", "PolicyError", "RegressionTest", "load_policy"]
+from mlflow_rag_eval.keys import AGGREGATES, aggregate_key, display_name, is_namespaced, metric_key
+
+__all__ = [
+    "CalibrationRequirement", "GatePolicy", "PolicyError", "RegressionTest", "SCHEMA_FILE", "load_policy",
+    "policy_json_schema", "write_json_schema",
+]
 
 #: Aggregates a floor or ceiling may name: the per-run statistics the logger writes.
-STATS = ("mean", "median", "p10", "ci_low", "ci_high")
-_TOP_KEYS = {
-    "model", "dataset_digest", "require_metrics", "min_scored_rows", "max_error_rate", "floors",
-    "ceilings", "max_regression", "regression_test", "calibration",
-}
+STATS = AGGREGATES
+#: the JSON schema of a policy file, generated from :class:`GatePolicy`
+SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
+# A digest is searched for as a tag value, and MLflow's filters have no escape for quotes.
+_DIGEST = r"^[\w.:+-]+$"
+_AGGREGATE = rf"^.+/({'|'.join(AGGREGATES)})$"
+#: what a pattern means, for the error message
+_PATTERNS = {_DIGEST: "a dataset digest (letters, digits and . : + - _)"}
 
 
 class PolicyError(ValueError):
@@ -85,37 +110,108 @@ class PolicyError(ValueError):
         super().__init__(f"gate policy: {key}: {message}")
 
 
-@dataclass(frozen=True)
-class RegressionTest:
+# bool is an int to Python; "true" as a threshold is a typo, not 1: numbers are strict.
+_Text = Annotated[str, Strict(), StringConstraints(strip_whitespace=True, min_length=1)]
+_Unit = Annotated[float, Strict(), Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+_Limits = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=_AGGREGATE)], _Unit],
+    Field(default_factory=dict, json_schema_extra={"additionalProperties": False}),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegressionTest(_Strict):
     """How a drop vs the champion is decided (see the module docstring)."""
 
-    confidence: float = 0.95
-    decide_on: str = "point"  # "point" | "ci_low"
+    confidence: Annotated[float, Strict(), Field(gt=0.0, lt=1.0, allow_inf_nan=False)] = Field(
+        0.95, description="Level of the two-sided paired bootstrap CI shown (and used by decide_on: ci_low).")
+    decide_on: Literal["point", "ci_low"] = Field(
+        "point", description="point: the paired mean delta decides; ci_low: the CI's lower bound decides (stricter).")
 
 
-@dataclass(frozen=True)
-class CalibrationRequirement:
+class CalibrationRequirement(_Strict):
     """The judge must have been checked against human labels on each judge-graded metric."""
 
-    required: bool = True
-    min_labels: int = 50
-    min_spearman: float = 0.7
+    required: Annotated[bool, Strict()] = Field(True, description="Refuse judge-graded metrics without a calibration.")
+    min_labels: Annotated[int, Strict(), Field(ge=1)] = Field(50, description="Fewest labels a calibration may have.")
+    min_spearman: Annotated[float, Strict(), Field(ge=-1.0, le=1.0, allow_inf_nan=False)] = Field(
+        0.7, description="Lowest Spearman rho between the judge's scores and the labels.")
 
 
-@dataclass(frozen=True)
-class GatePolicy:
-    """A parsed, validated policy. Build it with :func:`load_policy`."""
+class GatePolicy(_Strict):
+    """A parsed, validated policy. Build it with :func:`load_policy` (from a file or a mapping)."""
 
-    model: str | None = None
-    dataset_digest: str | None = None
-    require_metrics: tuple[str, ...] = ()
-    min_scored_rows: int = 30
-    max_error_rate: float = 0.05
-    floors: Mapping[str, float] = field(default_factory=dict)
-    ceilings: Mapping[str, float] = field(default_factory=dict)
-    max_regression: Mapping[str, float] = field(default_factory=dict)
+    model_config = ConfigDict(
+        title="mlflow-rag-eval gate policy",
+        json_schema_extra={
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "description": "What a candidate model version must meet to take the champion alias "
+                           "(mlflow-rag-eval gate --policy FILE). Unknown keys are refused at every level.",
+        },
+    )
+
+    model: _Text | None = Field(
+        None, description="The registered model this policy is for; must match the model gated.")
+    dataset_digest: Annotated[str, Strict(), StringConstraints(strip_whitespace=True, min_length=1,
+                                                              pattern=_DIGEST)] | None = Field(
+        None, description="Pin the golden set (default: the candidate's latest evaluation).")
+    require_metrics: tuple[_Text, ...] = Field(
+        (), description="Metrics the evaluation must have logged (ndcg@10 or ndcg_at_10).")
+    min_scored_rows: Annotated[int, Strict(), Field(ge=0)] = Field(
+        30, description="Fewest scored rows per gated metric.")
+    max_error_rate: _Unit = Field(
+        0.05, description="Largest n_error / (n_scored + n_error) per gated metric; 1.0 turns it off.")
+    floors: _Limits = Field(description="Lower limits on logged aggregates: <metric>/<stat>: value.")
+    ceilings: _Limits = Field(description="Upper limits, for lower-is-better metrics: <metric>/<stat>: value.")
+    max_regression: Annotated[dict[str, _Unit], Field(default_factory=dict)] = Field(
+        description="Largest allowed drop of the paired mean vs the champion, per metric.")
     regression_test: RegressionTest = RegressionTest()
     calibration: CalibrationRequirement = CalibrationRequirement()
+
+    @field_validator("floors", "ceilings", "max_regression", mode="before")
+    @classmethod
+    def _names(cls, value: Any, info: ValidationInfo) -> Any:
+        """Keys as text, floors and ceilings named <metric>/<stat> on the right side."""
+        if not isinstance(value, Mapping):
+            return value  # reported by the type check: must be a mapping
+        value = {str(k): v for k, v in value.items()}
+        if info.field_name != "max_regression":
+            for name in value:
+                _check_limit_name(name, f"{info.field_name}.{name}", floors=info.field_name == "floors")
+        return value
+
+    @field_validator("floors", "ceilings", "max_regression")
+    @classmethod
+    def _as_keys(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        """Metric names as MLflow keys: ``ndcg@10/mean`` -> ``ndcg_at_10/mean``."""
+        out: dict[str, float] = {}
+        seen: dict[str, str] = {}
+        for name, limit in value.items():
+            if info.field_name == "max_regression":
+                key = metric_key(name)
+            else:
+                metric, _, stat = name.rpartition("/")
+                key = aggregate_key(metric, stat)
+            if key in seen:
+                raise PolicyError(f"{info.field_name}.{name}", f"the same limit as {seen[key]} ({key})")
+            seen[key], out[key] = name, limit
+        return out
+
+    @field_validator("require_metrics")
+    @classmethod
+    def _required_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(metric_key(name) for name in value))
+
+    @model_validator(mode="after")
+    def _gates_something(self) -> GatePolicy:
+        if not self.gated_metrics:
+            raise PolicyError("require_metrics", "the policy gates no metric, so it would pass any version; "
+                                                 "name the metrics in require_metrics, floors, ceilings or "
+                                                 "max_regression")
+        return self
 
     @property
     def gated_metrics(self) -> list[str]:
@@ -126,7 +222,7 @@ class GatePolicy:
         return list(dict.fromkeys(keys))
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = self.model_dump(mode="python")
         out["require_metrics"] = list(self.require_metrics)
         for name in ("floors", "ceilings", "max_regression"):
             out[name] = dict(sorted(getattr(self, name).items()))
@@ -139,6 +235,31 @@ class GatePolicy:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _direction(name: str) -> bool | None:
+    """greater_is_better of a built-in metric; None for a name only the evaluation knows."""
+    if is_namespaced(name):
+        return None  # namespaced adapters import their library on resolution
+    from mlflow_rag_eval.metrics import resolve_metric
+
+    try:
+        return resolve_metric(display_name(name)).greater_is_better
+    except (ValueError, TypeError):
+        return None
+
+
+def _check_limit_name(name: str, item: str, *, floors: bool) -> None:
+    metric, sep, stat = name.rpartition("/")
+    if not sep or not metric:
+        raise PolicyError(item, f"name an aggregate as <metric>/<stat>, stat one of {list(STATS)}")
+    if stat not in STATS:
+        raise PolicyError(item, f"unknown statistic {stat!r}; one of {list(STATS)}")
+    greater_is_better = _direction(metric)
+    if floors and greater_is_better is False:
+        raise PolicyError(item, f"{metric} is lower-is-better: put its limit under ceilings")
+    if not floors and greater_is_better is True:
+        raise PolicyError(item, f"{metric} is higher-is-better: put its limit under floors")
+
+
 def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePolicy:
     """A :class:`GatePolicy` from a YAML file, a mapping, or a policy (returned as is).
 
@@ -148,7 +269,7 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
             the file.
     """
     if isinstance(source, GatePolicy):
-        return _check_gates_something(source)
+        return source  # validated when it was made
     if isinstance(source, (str, Path)):
         import yaml
 
@@ -171,138 +292,105 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
         source = data
     if not isinstance(source, Mapping):
         raise PolicyError("<policy>", f"must be a mapping of keys to values, got {type(source).__name__}")
-    return _check_gates_something(_parse(source))
-
-
-def _check_gates_something(policy: GatePolicy) -> GatePolicy:
-    if not policy.gated_metrics:
-        raise PolicyError("require_metrics", "the policy gates no metric, so it would pass any version; "
-                                             "name the metrics in require_metrics, floors, ceilings or "
-                                             "max_regression")
-    return policy
-
-
-def _unknown(keys, known: set[str], where: str) -> None:
-    extra = sorted(str(k) for k in keys if k not in known)
-    if extra:
-        raise PolicyError(f"{where}{extra[0]}", f"unknown key; known: {sorted(known)}")
-
-
-def _number(value: Any, key: str, *, low: float | None = None, high: float | None = None,
-            open_low: bool = False, open_high: bool = False) -> float:
-    # bool is an int to Python; "true" as a threshold is a typo, not 1.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PolicyError(key, f"must be a number, got {type(value).__name__} ({value!r})")
-    value = float(value)
-    if not math.isfinite(value):
-        raise PolicyError(key, f"must be finite, got {value}")
-    too_low = low is not None and (value <= low if open_low else value < low)
-    too_high = high is not None and (value >= high if open_high else value > high)
-    if too_low or too_high:
-        lo = "(" if open_low else "["
-        hi = ")" if open_high else "]"
-        span = f"{lo}{'-inf' if low is None else low:g}, {'inf' if high is None else high:g}{hi}"
-        raise PolicyError(key, f"must be in {span}, got {value:g}")
-    return value
-
-
-def _string(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise PolicyError(key, f"must be a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _mapping(value: Any, key: str) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise PolicyError(key, f"must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _direction(name: str) -> bool | None:
-    """greater_is_better of a built-in metric; None for a name only the evaluation knows."""
-    if ":" in name:
-        return None  # namespaced adapters import their library on resolution
-    from mlflow_rag_eval.metrics import resolve_metric
-
     try:
-        return resolve_metric(re.sub(r"_at_(\d+)$", r"@\1", name)).greater_is_better
-    except (ValueError, TypeError):
-        return None
+        return GatePolicy.model_validate(dict(source))
+    except ValidationError as exc:
+        raise _policy_error(exc) from None
 
 
-def _limits(raw: Any, key: str, *, floors: bool) -> dict[str, float]:
-    out = {}
-    for name, value in _mapping(raw, key).items():
-        item = f"{key}.{name}"
-        metric, sep, stat = str(name).rpartition("/")
-        if not sep or not metric:
-            raise PolicyError(item, f"name an aggregate as <metric>/<stat>, stat one of {list(STATS)}")
-        if stat not in STATS:
-            raise PolicyError(item, f"unknown statistic {stat!r}; one of {list(STATS)}")
-        greater_is_better = _direction(metric)
-        if floors and greater_is_better is False:
-            raise PolicyError(item, f"{metric} is lower-is-better: put its limit under ceilings")
-        if not floors and greater_is_better is True:
-            raise PolicyError(item, f"{metric} is higher-is-better: put its limit under floors")
-        out[f"{metric_key(metric)}/{stat}"] = _number(value, item, low=0.0, high=1.0)
-    return out
+# -- pydantic's errors as PolicyError: the dotted key and a message a policy author can act on ---
+def policy_json_schema() -> dict[str, Any]:
+    """The JSON schema of a policy file (what ``policy.schema.json`` holds)."""
+    return GatePolicy.model_json_schema(mode="validation")
 
 
-def _parse(data: Mapping[str, Any]) -> GatePolicy:
-    _unknown(data, _TOP_KEYS, "")
-    kwargs: dict[str, Any] = {}
-    for key in ("model", "dataset_digest"):
-        if data.get(key) is not None:
-            kwargs[key] = _string(data[key], key)
-    # A digest is searched for as a tag value, and MLflow's filters have no escape for quotes.
-    if "dataset_digest" in kwargs and not re.fullmatch(r"[\w.:+-]+", kwargs["dataset_digest"]):
-        raise PolicyError("dataset_digest", "must be a dataset digest (letters, digits and . : + - _), "
-                                            f"got {kwargs['dataset_digest']!r}")
-    if "require_metrics" in data:
-        names = data["require_metrics"]
-        if isinstance(names, str) or not isinstance(names, (list, tuple)):
-            raise PolicyError("require_metrics", f"must be a list of metric names, got {type(names).__name__}")
-        kwargs["require_metrics"] = tuple(
-            dict.fromkeys(metric_key(_string(n, f"require_metrics[{i}]")) for i, n in enumerate(names))
-        )
-    if "min_scored_rows" in data:
-        value = data["min_scored_rows"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PolicyError("min_scored_rows", f"must be an integer, got {type(value).__name__} ({value!r})")
-        if value < 0:
-            raise PolicyError("min_scored_rows", f"must be >= 0, got {value}")
-        kwargs["min_scored_rows"] = value
-    if "max_error_rate" in data:  # null is refused, not read as "no limit": write 1.0 for that
-        kwargs["max_error_rate"] = _number(data["max_error_rate"], "max_error_rate", low=0.0, high=1.0)
-    if "floors" in data:
-        kwargs["floors"] = _limits(data["floors"], "floors", floors=True)
-    if "ceilings" in data:
-        kwargs["ceilings"] = _limits(data["ceilings"], "ceilings", floors=False)
-    if "max_regression" in data:
-        kwargs["max_regression"] = {
-            metric_key(str(name)): _number(value, f"max_regression.{name}", low=0.0, high=1.0)
-            for name, value in _mapping(data["max_regression"], "max_regression").items()
-        }
-    if "regression_test" in data:
-        raw = _mapping(data["regression_test"], "regression_test")
-        _unknown(raw, {"confidence", "decide_on"}, "regression_test.")
-        decide_on = raw.get("decide_on", "point")
-        if decide_on not in ("point", "ci_low"):
-            raise PolicyError("regression_test.decide_on", f"must be 'point' or 'ci_low', got {decide_on!r}")
-        confidence = _number(raw.get("confidence", 0.95), "regression_test.confidence",
-                             low=0.0, high=1.0, open_low=True, open_high=True)
-        kwargs["regression_test"] = RegressionTest(confidence=confidence, decide_on=decide_on)
-    if "calibration" in data:
-        raw = _mapping(data["calibration"], "calibration")
-        _unknown(raw, {"required", "min_labels", "min_spearman"}, "calibration.")
-        required = raw.get("required", True)
-        if not isinstance(required, bool):
-            raise PolicyError("calibration.required", f"must be true or false, got {required!r}")
-        min_labels = raw.get("min_labels", 50)
-        if isinstance(min_labels, bool) or not isinstance(min_labels, int):
-            raise PolicyError("calibration.min_labels", f"must be an integer, got {min_labels!r}")
-        if min_labels < 1:
-            raise PolicyError("calibration.min_labels", f"must be >= 1, got {min_labels}")
-        min_spearman = _number(raw.get("min_spearman", 0.7), "calibration.min_spearman", low=-1.0, high=1.0)
-        kwargs["calibration"] = CalibrationRequirement(required, min_labels, min_spearman)
-    return GatePolicy(**kwargs)
+def _dotted(loc: tuple) -> str:
+    key = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key or "<policy>"
+
+
+def _node(loc: tuple) -> dict[str, Any]:
+    """The schema of the value at ``loc`` (refs followed, the non-null member of an Optional)."""
+    schema = policy_json_schema()
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        if "anyOf" in node:
+            node = next(n for n in node["anyOf"] if n.get("type") != "null")
+            return resolve(node)
+        return node
+
+    node = resolve(schema)
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(part, str) and part in node.get("properties", {}):
+            node = node["properties"][part]
+        elif "patternProperties" in node:
+            node = next(iter(node["patternProperties"].values()))
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        elif "items" in node:
+            node = node["items"]
+        node = resolve(node)
+    return node
+
+
+def _span(node: dict[str, Any]) -> str:
+    low, high = node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum", node.get("exclusiveMaximum"))
+    if high is None:
+        return f"{'>=' if 'minimum' in node else '>'} {low:g}"
+    lo = "[" if "minimum" in node else "("
+    hi = "]" if "maximum" in node else ")"
+    return f"in {lo}{'-inf' if low is None else format(low, 'g')}, {high:g}{hi}"
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind, value, ctx, loc = error["type"], error.get("input"), error.get("ctx") or {}, error["loc"]
+    got = f"{type(value).__name__} ({value!r})"
+    if kind == "extra_forbidden":
+        return f"unknown key; known: {sorted(_node(loc[:-1]).get('properties', {}))}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, got {got}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {got}"
+    if kind == "bool_type":
+        return f"must be true or false, got {value!r}"
+    if kind in ("string_type", "string_too_short"):
+        return f"must be a non-empty string, got {value!r}"
+    if kind == "string_pattern_mismatch":
+        return f"must be {_PATTERNS.get(ctx.get('pattern'), 'text matching ' + str(ctx.get('pattern')))}, got {value!r}"
+    if kind in ("tuple_type", "list_type"):
+        return f"must be a list of metric names, got {type(value).__name__}"
+    if kind in ("dict_type", "mapping_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {type(value).__name__}"
+    if kind == "finite_number":
+        return f"must be finite, got {value}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return f"must be {_span(_node(loc))}, got {value:g}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {value!r}"
+    return error["msg"]
+
+
+def _policy_error(exc: ValidationError) -> PolicyError:
+    """The first problem of a policy (unknown keys first, as their own typos explain the rest)."""
+    errors = exc.errors(include_url=False)
+    extra = sorted((e for e in errors if e["type"] == "extra_forbidden"), key=lambda e: [str(p) for p in e["loc"]])
+    first = extra[0] if extra else errors[0]
+    raised = (first.get("ctx") or {}).get("error")
+    if isinstance(raised, PolicyError):
+        return raised
+    return PolicyError(_dotted(first["loc"]), _message(first))
+
+
+def write_json_schema(path: str | Path = SCHEMA_FILE) -> Path:
+    """Write :func:`policy_json_schema` to ``path`` (by default the shipped ``policy.schema.json``)."""
+    path = Path(path)
+    path.write_text(json.dumps(policy_json_schema(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path

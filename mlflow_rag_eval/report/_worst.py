@@ -1,7 +1,9 @@
 """The worst rows of each metric: where a person should start reading.
 
 Selection is on scored rows only. A failed row (the judge could not decide) is not a low score,
-so errors are listed apart and never compete with real scores for a place in the decile.
+so errors are listed apart and never compete with real scores for a place in the decile. A row
+at the metric's best score (the best any row got) is never "worst": when every row ties there,
+the metric says so in one line (``no row below 1.000``) instead of listing every row.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from mlflow_rag_eval.results import MetricResult
 
 __all__ = ["worst_rows", "json_safe", "truncate", "WORST_ROWS_SCHEMA_VERSION"]
 
-WORST_ROWS_SCHEMA_VERSION = 1
+#: 2: rows at the best score are left out; ``best`` and ``note`` added
+WORST_ROWS_SCHEMA_VERSION = 2
 
 #: user text (questions, answers) is cut to this many characters in the artifact and the page
 TEXT_LIMIT = 500
@@ -58,18 +61,32 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _worst_indices(metric: MetricResult, fraction: float, min_rows: int) -> tuple[list[int], float | None]:
-    """Row indices of the worst ``fraction`` of scored rows (all rows tied at the cut-off)."""
+def _worst_indices(metric: MetricResult, fraction: float,
+                   min_rows: int) -> tuple[list[int], float | None, float | None]:
+    """Row indices of the worst ``fraction`` of scored rows below the best score (all rows tied
+    at the cut-off), the cut-off, and the best score (None when no row is scored)."""
     scored = [(row.value, i) for i, row in enumerate(metric.rows) if row.status == "scored"]
     if not scored:
-        return [], None
+        return [], None, None
     sign = 1.0 if metric.greater_is_better else -1.0
+    best = max(sign * v for v, _ in scored) * sign
+    below = [(v, i) for v, i in scored if sign * v < sign * best]
     # Worst first; the row index breaks ties so the order is stable across runs.
-    scored.sort(key=lambda vi: (sign * vi[0], vi[1]))
-    k = min(len(scored), max(min_rows, math.ceil(fraction * len(scored))))
-    cutoff = scored[k - 1][0]
-    chosen = [i for v, i in scored if sign * v <= sign * cutoff]
-    return chosen, cutoff
+    below.sort(key=lambda vi: (sign * vi[0], vi[1]))
+    k = min(len(below), max(min_rows, math.ceil(fraction * len(scored))))
+    if k == 0:
+        return [], None, best
+    cutoff = below[k - 1][0]
+    chosen = [i for v, i in below if sign * v <= sign * cutoff]
+    return chosen, cutoff, best
+
+
+def _note(metric: MetricResult, chosen: list[int], best: float | None) -> str | None:
+    if best is None:
+        return "no scored row"
+    if chosen:
+        return None
+    return f"no row {'below' if metric.greater_is_better else 'above'} {best:.3f}"
 
 
 def _question_answer(result: EvaluationResult, i: int) -> tuple[str | None, str | None]:
@@ -79,19 +96,58 @@ def _question_answer(result: EvaluationResult, i: int) -> tuple[str | None, str 
     return truncate(record.question), truncate(record.answer)
 
 
+def _row_entry(result: EvaluationResult, metric, i: int, *, error: bool) -> dict[str, Any]:
+    row = metric.rows[i]
+    question, answer = _question_answer(result, i)
+    entry: dict[str, Any] = {"row": i, "question": question, "answer": answer}
+    if error:
+        entry["error"] = row.error
+    else:
+        entry["value"], entry["justification"] = json_safe(row.value), row.justification
+    entry["evidence"] = json_safe(row.details)
+    return entry
+
+
+def _metric_worst(result: EvaluationResult, metric, fraction: float, min_rows: int) -> dict[str, Any]:
+    """One metric's entry of :func:`worst_rows`."""
+    chosen, cutoff, best = _worst_indices(metric, fraction, min_rows)
+    summary = metric.summary
+    return {
+        "name": metric.name,
+        "greater_is_better": metric.greater_is_better,
+        "n_scored": summary.n_scored,
+        "n_error": summary.n_error,
+        "n_skipped": summary.n_skipped,
+        "best": json_safe(best),
+        "cutoff": json_safe(cutoff),
+        "note": _note(metric, chosen, best),
+        "worst": [_row_entry(result, metric, i, error=False) for i in chosen],
+        "errors": [_row_entry(result, metric, i, error=True)
+                   for i, row in enumerate(metric.rows) if row.status == "error"],
+    }
+
+
 def worst_rows(result: EvaluationResult, fraction: float = 0.1, min_rows: int = 1) -> dict[str, Any]:
     """Per metric, the worst ``fraction`` of scored rows and, apart, the rows that errored.
 
     "Worst" is the bottom of the scores for a metric where greater is better, the top for one
-    where lower is better. The number taken is ``ceil(fraction * n_scored)``, at least
-    ``min_rows``; every row tied with the last one taken is included too, so the cut never
-    depends on row order. Rows are listed worst first (row index breaks ties).
+    where lower is better. Only rows below the best score any row got can be worst (above it,
+    where lower is better): when all rows tie, none is. The number taken is
+    ``ceil(fraction * n_scored)``, at least ``min_rows``, at most the rows below the best;
+    every row tied with the last one taken is included too, so the cut never depends on row
+    order. Rows are listed worst first (row index breaks ties).
 
     Returns a JSON-serialisable dict (written as ``rag_eval/worst_rows.json``)::
 
-        {"schema_version": 1, "fraction": 0.1, "min_rows": 1, "n_rows": ...,
+        {"schema_version": 2, "fraction": 0.1, "min_rows": 1, "n_rows": ...,
          "metrics": {<metric key>: {"name", "greater_is_better", "n_scored", "n_error",
-                                    "n_skipped", "cutoff", "worst": [...], "errors": [...]}}}
+                                    "n_skipped", "best", "cutoff", "note", "worst": [...],
+                                    "errors": [...]}}}
+
+    ``best`` is the best score a row got (None when none is scored); ``cutoff`` the score of
+    the last worst row (None when there is none); ``note`` says in words why ``worst`` is
+    empty — ``"no row below 1.000"`` (``"no row above ..."`` where lower is better) when every
+    scored row has the best score, ``"no scored row"`` — and is None otherwise.
 
     Each worst row: ``row`` (0-based index in the evaluated data), ``question``, ``answer``
     (both cut to 500 characters), ``value``, ``justification``, ``evidence`` (the row's details:
@@ -102,48 +158,7 @@ def worst_rows(result: EvaluationResult, fraction: float = 0.1, min_rows: int = 
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
     if min_rows < 0:
         raise ValueError(f"min_rows must be >= 0, got {min_rows!r}")
-    metrics: dict[str, Any] = {}
-    for metric in result.metrics:
-        chosen, cutoff = _worst_indices(metric, fraction, min_rows)
-        worst = []
-        for i in chosen:
-            row = metric.rows[i]
-            question, answer = _question_answer(result, i)
-            worst.append(
-                {
-                    "row": i,
-                    "question": question,
-                    "answer": answer,
-                    "value": json_safe(row.value),
-                    "justification": row.justification,
-                    "evidence": json_safe(row.details),
-                }
-            )
-        errors = []
-        for i, row in enumerate(metric.rows):
-            if row.status != "error":
-                continue
-            question, answer = _question_answer(result, i)
-            errors.append(
-                {
-                    "row": i,
-                    "question": question,
-                    "answer": answer,
-                    "error": row.error,
-                    "evidence": json_safe(row.details),
-                }
-            )
-        summary = metric.summary
-        metrics[metric.key] = {
-            "name": metric.name,
-            "greater_is_better": metric.greater_is_better,
-            "n_scored": summary.n_scored,
-            "n_error": summary.n_error,
-            "n_skipped": summary.n_skipped,
-            "cutoff": json_safe(cutoff),
-            "worst": worst,
-            "errors": errors,
-        }
+    metrics = {metric.key: _metric_worst(result, metric, fraction, min_rows) for metric in result.metrics}
     return {
         "schema_version": WORST_ROWS_SCHEMA_VERSION,
         "fraction": fraction,
