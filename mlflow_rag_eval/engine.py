@@ -12,10 +12,12 @@ Order of work, so that bad input never costs a judge call:
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ import pandas as pd
 
 from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
 from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.metrics.base import batch_memo
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
 from mlflow_rag_eval.suite import DEFAULT_METRICS, Suite, fields_present, prepare_suite
@@ -85,8 +88,9 @@ class EvaluationResult:
         return out
 
     def table(self, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
-        """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``,
-        and the row's ``trace_id`` when its trace was logged."""
+        """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``
+        (``/traceback`` too when the metric itself raised), and the row's ``trace_id`` when its
+        trace was logged."""
         data: dict[str, list[Any]] = {
             "question": [r.question for r in self.records],
             "answer": [r.answer for r in self.records],
@@ -98,6 +102,8 @@ class EvaluationResult:
             data[f"{m.key}/score"] = [row.value for row in m.rows]
             data[f"{m.key}/justification"] = [row.justification for row in m.rows]
             data[f"{m.key}/error"] = [row.error for row in m.rows]
+            if any(row.traceback for row in m.rows):  # an exception inside the metric: where from
+                data[f"{m.key}/traceback"] = [row.traceback for row in m.rows]
         data["trace_id"] = list(trace_ids) if trace_ids is not None else [None] * len(self.records)
         return pd.DataFrame(data)
 
@@ -129,76 +135,85 @@ def evaluate_records(
     if suite is None:
         suite = prepare_suite(metrics, judge, available_fields, mapping)
     suite.drop_inapplicable(records)
-    judge_obj = suite.judge
     for metric in suite.metrics:
         metric.validate(records, mapping)
-    info = judge_obj.info() if judge_obj is not None else _NO_JUDGE
-    progress = sys.stderr.isatty() if progress is None else progress
-
-    rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite.metrics}
-    timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
-    lock = threading.Lock()
-    done_rows = 0
-
-    def run(metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
-        start = time.perf_counter()
-        try:
-            out = metric.compute(batch, judge_obj)
-            if len(out) != len(batch):
-                raise RuntimeError(f"returned {len(out)} rows for {len(batch)}")
-        except JudgeUnreachable:  # no row can be judged: stop, before anything is logged
-            raise
-        except Exception as exc:  # one metric's bug must not kill the run
-            _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
-            out = [RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}")] * len(batch)
-        with lock:
-            timings[metric.display_name] += time.perf_counter() - start
-            if progress:
-                errors = sum(r.status == "error" for r in out) + sum(
-                    r.status == "error" for rs in rows.values() for r in rs
-                )
-                hits = judge_obj.usage().get("cache_hits", 0) if judge_obj is not None else 0
-                print(
-                    f"\rrag eval: {metric.display_name} done on rows up to "
-                    f"{done_rows + len(batch)}/{len(records)}, {errors} errors, {hits} cache hits",
-                    end="", file=sys.stderr,
-                )
-        return out
-
-    # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
-    # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
-    # The local judge is CPU-bound: its metrics run one after another.
-    parallel = bool(getattr(judge_obj, "parallel_metrics", False)) and len(suite.metrics) > 1
-    batches = [records[i : i + BATCH_SIZE] for i in range(0, len(records), BATCH_SIZE)]
-    with ThreadPoolExecutor(max_workers=len(suite.metrics) if parallel else 1) as pool:
-        for batch in batches:
-            outs = list(pool.map(lambda m: run(m, batch), suite.metrics))
-            for metric, out in zip(suite.metrics, outs):
-                rows[metric.display_name].extend(out)
-            done_rows += len(batch)
-    if progress:
-        print(file=sys.stderr)
+    runner = _Runner(suite, len(records), sys.stderr.isatty() if progress is None else progress)
+    rows = runner.score(records)
+    judge_obj = suite.judge
     results = [
-        MetricResult(
-            name=m.display_name,
-            spec=m.spec(),
-            rows=tuple(rows[m.display_name]),
-            greater_is_better=m.greater_is_better,
-            judged=bool(m.primitives),
-        )
+        MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
+                     greater_is_better=m.greater_is_better, judged=bool(m.primitives))
         for m in suite.metrics
     ]
     return EvaluationResult(
         records=records,
         metrics=results,
-        judge=info,
+        judge=judge_obj.info() if judge_obj is not None else _NO_JUDGE,
         dataset_digest=dataset_digest(records),
-        timings=timings,
+        timings=runner.timings,
         judge_usage=judge_obj.usage() if judge_obj is not None else {},
         fields=frozenset(available_fields),
         default_suite=suite.default,
         left_out=dict(suite.left_out),
     )
+
+
+class _Runner:
+    """Runs a suite's metrics over batches of records and owns their failures: a metric that
+    raises fails that batch's rows with the exception's kind, message and traceback, and the
+    run goes on — except :class:`JudgeUnreachable`, which stops it."""
+
+    def __init__(self, suite: Suite, n_records: int, progress: bool):
+        self.suite, self.n_records, self.progress = suite, n_records, progress
+        self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
+        self.errors = 0
+        self.done_rows = 0
+        self._lock = threading.Lock()
+
+    def score(self, records: list[RagRecord]) -> dict[str, list[RowResult]]:
+        metrics = self.suite.metrics
+        rows: dict[str, list[RowResult]] = {m.display_name: [] for m in metrics}
+        # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
+        # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
+        # The local judge is CPU-bound: its metrics run one after another.
+        parallel = bool(getattr(self.suite.judge, "parallel_metrics", False)) and len(metrics) > 1
+        with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
+            for start in range(0, len(records), BATCH_SIZE):
+                batch = records[start : start + BATCH_SIZE]
+                with batch_memo():  # what the batch's metrics share, dropped with the batch
+                    # Each task runs in a copy of this context, which holds the batch's memo.
+                    futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
+                    outs = [f.result() for f in futures]
+                for metric, out in zip(metrics, outs):
+                    rows[metric.display_name].extend(out)
+                self.done_rows += len(batch)
+        if self.progress:
+            print(file=sys.stderr)
+        return rows
+
+    def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
+        start = time.perf_counter()
+        try:
+            out = metric.compute(batch, self.suite.judge)
+            if len(out) != len(batch):
+                raise RuntimeError(f"returned {len(out)} rows for {len(batch)}")
+        except JudgeUnreachable:  # no row can be judged: stop, before anything is logged
+            raise
+        except Exception as exc:  # one metric's bug must not kill the run: it fails its rows
+            _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
+            failure = RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}",
+                                       traceback=traceback.format_exc(limit=20))
+            out = [failure] * len(batch)
+        with self._lock:
+            self.timings[metric.display_name] += time.perf_counter() - start
+            self.errors += sum(r.status == "error" for r in out)
+            if self.progress:
+                judge = self.suite.judge
+                hits = judge.usage().get("cache_hits", 0) if judge is not None else 0
+                print(f"\rrag eval: {metric.display_name} done on rows up to "
+                      f"{self.done_rows + len(batch)}/{self.n_records}, {self.errors} errors, {hits} cache hits",
+                      end="", file=sys.stderr)
+        return out
 
 
 _NO_JUDGE = JudgeInfo(name="none", kind="none", model="", fingerprint="none", prompts_version="none")

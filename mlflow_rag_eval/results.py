@@ -18,6 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from mlflow_rag_eval.keys import AGGREGATES, metric_key  # metric_key re-exported: the key naming lives in keys.py
+from mlflow_rag_eval.stats import mean_ci
+
 __all__ = [
     "ErrorRateExceeded", "MetricResult", "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize",
 ]
@@ -37,12 +40,18 @@ class ErrorRateExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class RowResult:
-    """One metric's outcome on one row."""
+    """One metric's outcome on one row.
+
+    A failed row's ``error`` is ``"<Kind>: <message>"`` (``ParseError: ...``, ``Refusal: ...``,
+    ``MetricError: ...``): :attr:`error_kind` and :attr:`error_message` are its parts, and
+    ``traceback`` keeps where an exception inside a metric came from (the table shows it).
+    """
 
     value: float | None = None
     error: str | None = None
     justification: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    traceback: str | None = None
 
     @classmethod
     def scored(cls, value: float, justification: str = "", **details: Any) -> RowResult:
@@ -53,8 +62,9 @@ class RowResult:
         return cls(value=value, justification=justification, details=details)
 
     @classmethod
-    def failed(cls, error: str, **details: Any) -> RowResult:
-        return cls(error=error, justification=error, details=details)
+    def failed(cls, error: str, *, traceback: str | None = None, **details: Any) -> RowResult:
+        """A row the metric could not score: ``error`` is ``"<Kind>: <message>"``."""
+        return cls(error=error, justification=error, details=details, traceback=traceback)
 
     @classmethod
     def not_applicable(cls, reason: str) -> RowResult:
@@ -65,6 +75,17 @@ class RowResult:
         if self.error is not None:
             return "error"
         return "scored" if self.value is not None else "skipped"
+
+    @property
+    def error_kind(self) -> str | None:
+        return error_kind(self.error) if self.error is not None else None
+
+    @property
+    def error_message(self) -> str | None:
+        if self.error is None:
+            return None
+        kind = self.error_kind
+        return self.error[len(kind) + 1 :].strip() if self.error.startswith(f"{kind}:") else self.error
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class MetricSummary:
     n_scored: int
     n_error: int
     n_skipped: int
+    #: seeded percentile bootstrap 95% CI of the mean (:func:`mlflow_rag_eval.stats.mean_ci`);
+    #: None when not computable: fewer than two scored rows, or every scored row equal
     ci_low: float | None = None
     ci_high: float | None = None
 
@@ -86,22 +109,16 @@ class MetricSummary:
             f"{key}/n_scored": float(self.n_scored),
             f"{key}/n_error": float(self.n_error),
         }
-        for stat in ("mean", "median", "p10", "ci_low", "ci_high"):
+        for stat in AGGREGATES:
             value = getattr(self, stat)
             if value is not None:
                 out[f"{key}/{stat}"] = float(value)
         return out
 
 
-def _bootstrap_ci(values: np.ndarray, *, n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
-    means = values[idx].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
 def summarize(rows: Sequence[RowResult]) -> MetricSummary:
-    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean."""
+    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean (None when
+    not computable: one scored row, or all equal; see :mod:`mlflow_rag_eval.stats`)."""
     scored, n_error, n_skipped = [], 0, 0
     for r in rows:  # one pass: summaries of 10k-row metrics are on the logging path
         if r.error is not None:
@@ -113,7 +130,8 @@ def summarize(rows: Sequence[RowResult]) -> MetricSummary:
     values = np.array(scored, dtype=float)
     if len(values) == 0:
         return MetricSummary(None, None, None, 0, n_error, n_skipped)
-    low, high = _bootstrap_ci(values) if len(values) > 1 else (float(values[0]),) * 2
+    ci = mean_ci(values)
+    low, high = ci if ci is not None else (None, None)
     return MetricSummary(
         mean=float(values.mean()),
         median=float(np.median(values)),
@@ -124,12 +142,6 @@ def summarize(rows: Sequence[RowResult]) -> MetricSummary:
         ci_low=low,
         ci_high=high,
     )
-
-
-def metric_key(name: str) -> str:
-    """MLflow-safe key for a metric name: ``ndcg@10`` -> ``ndcg_at_10``,
-    ``ragas:faithfulness`` -> ``ragas_faithfulness`` (``:`` is refused on some platforms)."""
-    return name.replace("@", "_at_").replace(":", "_")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from mlflow_rag_eval.judges import Judge, get_judge
 from mlflow_rag_eval.metrics import Metric, resolve_metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError
 
-__all__ = ["DEFAULT_METRICS", "Suite", "fields_present", "prepare_suite"]
+__all__ = ["ALL_FIELDS", "DEFAULT_METRICS", "Suite", "fields_present", "prepare_suite"]
 
 #: The default suite's candidates: every built-in metric (a rubric needs its own criteria),
 #: retrieval at the usual cut-offs. Each runs when the data can feed it.
@@ -39,6 +39,10 @@ DEFAULT_METRICS = (
     "map",
     "ndcg@10",
 )
+
+#: Every record field a metric may need: for routes that see the data row by row (genai
+#: scorers, extra_metrics), where a metric is checked for the judge, not for columns.
+ALL_FIELDS = frozenset({"answer", "contexts", "reference", "relevant_ids", "reference_contexts", "answerable"})
 
 _FIELD_COLUMNS = {
     "answer": "answer",

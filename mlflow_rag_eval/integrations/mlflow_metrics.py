@@ -21,9 +21,10 @@ from collections.abc import Iterable
 import pandas as pd
 
 from mlflow_rag_eval.engine import evaluate_records
-from mlflow_rag_eval.judges import Judge, get_judge
-from mlflow_rag_eval.metrics import Metric, resolve_metric
+from mlflow_rag_eval.judges import Judge
+from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import records_from_frame
+from mlflow_rag_eval.suite import ALL_FIELDS, prepare_suite
 
 __all__ = ["rag_metric", "rag_metrics"]
 
@@ -55,8 +56,9 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
     """An MLflow ``EvaluationMetric`` computing ``metric`` with ``judge`` (default: local)."""
     from mlflow.metrics import MetricValue, make_metric
 
-    resolved = resolve_metric(metric)
-    judge_obj = get_judge(judge) if resolved.primitives else None
+    # Checked as on every route: unknown name, missing extra, a judge that cannot perform it.
+    suite = prepare_suite([metric], judge, set(ALL_FIELDS))
+    (resolved,), judge_obj = suite.metrics, suite.judge
 
     def eval_fn(predictions, targets=None, question=None, contexts=None, context_ids=None,
                 reference=None, relevant_ids=None, reference_contexts=None, answerable=None):
@@ -98,7 +100,5 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
 
 def rag_metrics(metrics: Iterable[str | Metric], judge: str | Judge | None = None) -> list:
     """``rag_metric`` for each metric, sharing one judge (one model load, one cache)."""
-    metrics = list(metrics)
-    resolved = [resolve_metric(m) for m in metrics]
-    judge_obj = get_judge(judge) if any(m.primitives for m in resolved) else None
-    return [rag_metric(m, judge_obj) for m in resolved]
+    suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
+    return [rag_metric(m, suite.judge) for m in suite.metrics]

@@ -41,17 +41,21 @@ from mlflow.genai.scorers import Scorer
 from pydantic import PrivateAttr
 
 from mlflow_rag_eval.integrations.mlflow_traces import EXPECTATION_FIELDS, row_feedback
-from mlflow_rag_eval.judges import Judge, JudgeInfo, get_judge
-from mlflow_rag_eval.metrics import Metric, resolve_metric
+from mlflow_rag_eval.judges import Judge, JudgeInfo
+from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.results import MetricResult, RowResult, summarize
+from mlflow_rag_eval.suite import ALL_FIELDS, prepare_suite
 
 _logger = logging.getLogger(__name__)
 
 __all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
 
 
-_STATS = ("mean", "median", "p10", "n_scored", "ci_low", "ci_high")
+#: the statistics MLflow aggregates from the scorers' values; the CI bounds are written with the
+#: run's other rag_eval contents instead, since a CI that cannot be computed (one row, all rows
+#: equal) is left out, and MLflow would log a None
+_STATS = ("mean", "median", "p10", "n_scored")
 
 
 def _aggregation(stat: str, metric_key: str):
@@ -315,12 +319,13 @@ def _lost_rows(client, run_id: str, result, trace_ids: list[str], *, traceless: 
 
 def rag_scorer(metric: str | Metric, judge: str | Judge | None = None) -> RagScorer:
     """A genai scorer for any registered metric (``faithfulness``, ``ndcg@10``, a rubric...)."""
-    resolved = resolve_metric(metric)
-    return RagScorer(resolved, get_judge(judge) if resolved.primitives else None)
+    (scorer,) = rag_scorers([metric], judge)
+    return scorer
 
 
 def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None) -> list[RagScorer]:
-    """Scorers sharing one judge (one model load, one cache)."""
-    resolved = [resolve_metric(m) for m in metrics]
-    judge_obj = get_judge(judge) if any(m.primitives for m in resolved) else None
-    return [RagScorer(m, judge_obj if m.primitives else None) for m in resolved]
+    """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
+    as on every route: an unknown name, a missing extra or a metric the judge cannot perform
+    is refused now, not turned into an error on every row."""
+    suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
+    return [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]

@@ -22,8 +22,11 @@ from mlflow_rag_eval.metrics.rubric import Rubric, rubric
 
 
 def _ragas(name: str) -> Metric:
-    from mlflow_rag_eval.integrations.ragas_adapter import ragas_metric
+    from mlflow_rag_eval.integrations.ragas_adapter import _import_ragas, ragas_metric
 
+    # A missing or broken [ragas] extra is refused when the name is resolved, before any row
+    # (as deepeval's is), not found on every row.
+    _import_ragas()
     return ragas_metric(name)
 
 

@@ -9,8 +9,11 @@ Names with a cut-off, like ``ndcg@10``, are parsed into the metric ``ndcg`` with
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -21,7 +24,8 @@ from mlflow_rag_eval.records import ColumnMapping, RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Metric", "each_applicable", "register_metric", "register_namespace", "registered_metrics",
+    "ENTRY_POINT_GROUP", "Metric", "batch_memo", "each_applicable", "memoized", "register_metric",
+    "register_namespace", "registered_metrics",
     "resolve_metric",
 ]
 
@@ -81,6 +85,33 @@ class Metric(ABC):
     @abstractmethod
     def compute(self, records: Sequence[RagRecord], judge: Judge) -> list[RowResult]:
         """One RowResult per record, in order. Judge failures become named row errors."""
+
+
+#: What the metrics of one batch may share (e.g. the retrieval metrics' relevance arrays), set
+#: by the engine around each batch; absent outside it, so nothing outlives a batch.
+_BATCH_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("rag_eval_batch_memo", default=None)
+
+
+@contextlib.contextmanager
+def batch_memo():
+    """A memo shared by the metrics scoring one batch of records (the engine opens one per
+    batch; threads started inside must run in a copy of the context to see it)."""
+    token = _BATCH_MEMO.set({"_lock": threading.Lock()})
+    try:
+        yield
+    finally:
+        _BATCH_MEMO.reset(token)
+
+
+def memoized(key: Any, build: Callable[[], Any]) -> Any:
+    """``build()``, once per batch for ``key`` when a batch memo is open; else every time."""
+    memo = _BATCH_MEMO.get()
+    if memo is None:
+        return build()
+    with memo["_lock"]:
+        if key not in memo:
+            memo[key] = build()
+        return memo[key]
 
 
 def each_applicable(

@@ -3,12 +3,13 @@
 Thin units over the vectorised kernels in :mod:`mlflow_rag_eval.metrics.retrieval`, whose
 docstring holds the semantics (trec_eval's, for the given rank order). Rows whose
 ``relevant_ids`` are missing, empty or all graded 0 are not applicable; they are counted in
-``n_skipped``, never as a score of 0 and never as an error. No judge is involved.
+``n_skipped``, never as a score of 0 and never as an error. A NaN from a kernel on any other
+row is an error (``NonFiniteScore``): a kernel bug must not hide as skipped rows. No judge is
+involved.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -16,28 +17,24 @@ from typing import ClassVar
 import numpy as np
 
 from mlflow_rag_eval.metrics import retrieval as kernels
-from mlflow_rag_eval.metrics.base import Metric, register_metric
+from mlflow_rag_eval.metrics.base import Metric, memoized, register_metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["HitRate", "Precision", "Recall", "MRR", "MAP", "NDCG", "ranked_relevance"]
 
-_LAST: list = [None, None]  # (records, RankedRelevance): the suite's metrics share one build
-_LAST_LOCK = threading.Lock()
-
-
 def ranked_relevance(records: Sequence[RagRecord]) -> kernels.RankedRelevance:
-    """Build (once per records object) the padded relevance arrays of a suite's rows."""
-    with _LAST_LOCK:
-        if _LAST[0] is records:
-            return _LAST[1]
-    rr = kernels.RankedRelevance.from_lists(
-        [[c.id for c in r.contexts] for r in records],
-        [r.relevant_ids for r in records],
-    )
-    with _LAST_LOCK:
-        _LAST[:] = [records, rr]
-    return rr
+    """The padded relevance arrays of ``records``: built once per batch for the whole suite
+    (the engine's batch memo; the batch's records do not change while it is scored), else
+    every time — never reused across calls, where the records may have changed."""
+
+    def build() -> kernels.RankedRelevance:
+        return kernels.RankedRelevance.from_lists(
+            [[c.id for c in r.contexts] for r in records],
+            [r.relevant_ids for r in records],
+        )
+
+    return memoized(("ranked_relevance", id(records)), build)
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,11 @@ class _RetrievalMetric(Metric):
         out = []
         for record, value in zip(records, values):
             reason = self.not_applicable(record)
-            if reason is not None or np.isnan(value):
-                out.append(RowResult.not_applicable(reason or "no relevant ids"))
+            if reason is not None:
+                out.append(RowResult.not_applicable(reason))
+            elif not np.isfinite(value):  # a kernel bug, never hidden as "not applicable"
+                out.append(RowResult.failed(f"NonFiniteScore: the {self.display_name} kernel gave {value!r} "
+                                            "for a row with relevant ids"))
             else:
                 out.append(RowResult.scored(value, self.describe(value, record)))
         return out
