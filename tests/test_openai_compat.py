@@ -321,9 +321,9 @@ def test_unreadable_usage_is_unknown_never_an_exception(server, usage):
 
 
 def test_a_reply_over_the_size_limit_is_refused(server, monkeypatch):
-    from mlflow_rag_eval.judges import openai_compat
+    from mlflow_rag_eval.judges import http_attempt
 
-    monkeypatch.setattr(openai_compat, "MAX_REPLY_BYTES", 1000)
+    monkeypatch.setattr(http_attempt, "MAX_REPLY_BYTES", 1000)
     server.reply = (200, {}, completion("x" * 5000))
     with pytest.raises(PermanentError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
