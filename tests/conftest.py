@@ -88,3 +88,18 @@ def demo(tmp_path_factory):
     experiment_id = mlflow.MlflowClient(uri).get_experiment_by_name("rag-quickstart").experiment_id
     return SimpleNamespace(home=home, uri=uri, runs=runs, decisions=decisions, out=out.getvalue(),
                            experiment_id=experiment_id)
+
+
+def refusing_judge(word: str):
+    """The scripted LLM judge, refusing to verify any text containing ``word``: a named
+    ``Refusal`` error on that row, the default lexical verdicts on the others."""
+    from mlflow_rag_eval.judges.chat import PermanentError
+    from mlflow_rag_eval.judges.llm import LLMJudge
+    from mlflow_rag_eval.judges.scripted import ScriptedBackend, _default
+
+    def claims(variables):
+        if word in variables["text"]:
+            return PermanentError("Refusal", "the model declined to judge this text")
+        return _default("claims_verdicts", variables)
+
+    return LLMJudge(ScriptedBackend({"claims_verdicts": claims}), cache=False)

@@ -13,9 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from mlflow_rag_eval.engine import evaluate_records
-from mlflow_rag_eval.judges.chat import PermanentError
-from mlflow_rag_eval.judges.llm import LLMJudge
-from mlflow_rag_eval.judges.scripted import ScriptedBackend, _default
+from conftest import refusing_judge
 from mlflow_rag_eval.records import RecordError, records_from_frame
 from mlflow_rag_eval.results import ErrorRateExceeded
 
@@ -134,18 +132,9 @@ def test_the_default_suite_leaves_out_what_the_judge_cannot_do_but_a_named_metri
 
 # -- the summary, warnings and max_error_rate -------------------------------------------------------
 
-def refusing_judge() -> LLMJudge:
-    def claims(variables):
-        if "free" in variables["text"]:
-            return PermanentError("Refusal", "the model declined to judge this text")
-        return _default("claims_verdicts", variables)
-
-    return LLMJudge(ScriptedBackend({"claims_verdicts": claims}), cache=False)
-
-
 def test_every_evaluation_ends_with_a_summary_and_a_warning_when_rows_failed(tracking_uri, capsys, caplog):
     with mlflow.start_run(), caplog.at_level(logging.WARNING, logger="mlflow_rag_eval"):
-        _evaluate(frame(), {"judge": refusing_judge(), "metrics": ["faithfulness", "mrr"]})
+        _evaluate(frame(), {"judge": refusing_judge("free"), "metrics": ["faithfulness", "mrr"]})
     err = capsys.readouterr().err
     assert "rag eval summary: 3 rows, judge scripted:/scripted-rules-v1" in err
     line = next(line for line in err.splitlines() if line.strip().startswith("faithfulness"))
@@ -157,12 +146,12 @@ def test_every_evaluation_ends_with_a_summary_and_a_warning_when_rows_failed(tra
 def test_max_error_rate_fails_the_evaluation_after_logging_the_evidence(tracking_uri):
     with pytest.raises(ErrorRateExceeded, match=r"faithfulness 33\.3% \(Refusal first\)"):
         with mlflow.start_run() as run:
-            _evaluate(frame(), {"judge": refusing_judge(), "metrics": ["faithfulness", "mrr"], "max_error_rate": 0.2})
+            _evaluate(frame(), {"judge": refusing_judge("free"), "metrics": ["faithfulness", "mrr"], "max_error_rate": 0.2})
     logged = MlflowClient().get_run(run.info.run_id)
     assert logged.info.status == "FAILED"  # the run's context manager saw the error
     assert logged.data.metrics["faithfulness/n_error"] == 1  # the evidence is on the run
     with mlflow.start_run():  # at the limit is not above it
-        _evaluate(frame(), {"judge": refusing_judge(), "metrics": ["faithfulness"], "max_error_rate": 0.34})
+        _evaluate(frame(), {"judge": refusing_judge("free"), "metrics": ["faithfulness"], "max_error_rate": 0.34})
 
 
 # -- the genai route -------------------------------------------------------------------------------

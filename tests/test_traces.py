@@ -19,10 +19,8 @@ from mlflow_rag_eval.integrations.mlflow_traces import (
     compact_evidence,
 )
 from mlflow_rag_eval.integrations.pipeline_traces import match_pipeline_traces
+from conftest import refusing_judge
 from mlflow_rag_eval.judges.base import JudgeCapabilityError
-from mlflow_rag_eval.judges.chat import PermanentError
-from mlflow_rag_eval.judges.llm import LLMJudge
-from mlflow_rag_eval.judges.scripted import ScriptedBackend, _default
 from mlflow_rag_eval.records import RecordError
 
 METRICS = ["faithfulness", "context_recall", "answer_relevancy", "ndcg@10", "mrr"]
@@ -43,17 +41,6 @@ def frame() -> pd.DataFrame:
                       None],
         "relevant_ids": [{"p1": 2}, ["p9"], {"p2": 1, "p7": 2}, None],
     })
-
-
-def refusing_judge() -> LLMJudge:
-    """The scripted judge, refusing to verify any answer that says "refuse": a named error."""
-
-    def claims(variables):
-        if "refuse" in variables["text"]:
-            return PermanentError("Refusal", "the model declined to judge this text")
-        return _default("claims_verdicts", variables)
-
-    return LLMJudge(ScriptedBackend({"claims_verdicts": claims}), cache=False)
 
 
 def _run_traces(run_id: str) -> list:
@@ -79,7 +66,7 @@ def _feedback(trace) -> dict[str, Feedback]:
 
 def test_each_row_is_a_trace_whose_feedback_is_the_table(tracking_uri):
     df = frame()
-    judge = refusing_judge()
+    judge = refusing_judge("refuse")
     with mlflow.start_run() as run:
         result = mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag",
                                         evaluator_config={"judge": judge, "metrics": METRICS})
@@ -311,7 +298,7 @@ def test_genai_route_runs_hold_what_the_evaluator_runs_hold(tracking_uri, monkey
 
     monkeypatch.setenv("MLFLOW_GENAI_EVAL_MAX_WORKERS", "2")
     df = frame()
-    judge = refusing_judge()
+    judge = refusing_judge("refuse")
     with mlflow.start_run() as plugin:
         mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag",
                                evaluator_config={"judge": judge, "metrics": METRICS})
