@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test install install-dev bench support-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ demo: install
 
 test: install-dev
 	$(PY) -m pytest
+
+# The local judge's shipped support model, rebuilt from what the repository holds
+# (tests/test_support_model.py retrains it the same way and compares).
+support-model: install
+	$(VENV)/bin/mlflow-rag-eval train-local-judge --corpus examples/rag_pipeline/data/corpus.jsonl \
+		--labels training_data/summedits_dev.jsonl.gz --labels training_data/northwind_pairs.jsonl \
+		--seed 0 --out mlflow_rag_eval/judges/support_model.json
 
 bench: install-dev
 	$(PY) bench/retrieval.py

@@ -271,3 +271,39 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
         click.echo(f"cannot calibrate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
     click.echo(result.to_text())
+
+
+@main.command("train-local-judge")
+@click.option("--corpus", "corpora", multiple=True, type=click.Path(exists=True),
+              help="Passages to make synthetic examples from: a folder of .txt/.md files, a JSONL file "
+                   "(field text, context or passage) or a text file (passages split by blank lines). Repeatable.")
+@click.option("--labels", "labels", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Human-labelled pairs, JSONL with context, answer, label (0/1). Repeatable.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic examples.")
+@click.option("--per-passage", type=int, default=4, show_default=True,
+              help="Sentences drawn per passage for synthetic examples.")
+@click.option("--synthetic-weight", type=float, default=0.3, show_default=True,
+              help="Weight of a synthetic example against a labelled one.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
+def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, out) -> None:
+    """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
+
+    Exit code 2: no corpus or labels, or no training example in them.
+    """
+    from mlflow_rag_eval.judges.support_training import load_corpus, load_pairs, train_support_model
+
+    if not corpora and not labels:
+        click.echo("cannot train: give --corpus and/or --labels", err=True)
+        raise SystemExit(UNUSABLE)
+    try:
+        passages = [p for c in corpora for p in load_corpus(c)]
+        pairs = [p for f in labels for p in load_pairs(f)]
+        model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
+                                    synthetic_weight=synthetic_weight)
+    except (ValueError, UnicodeDecodeError) as exc:
+        click.echo(f"cannot train: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    Path(out).write_text(model.to_json())
+    t = model.training
+    click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
+               f"{t['n_pairs']} labelled pairs; threshold {model.threshold:.3f}; judge name local:{out}")

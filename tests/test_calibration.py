@@ -106,7 +106,10 @@ def test_calibrate_logs_a_run_the_gate_finds(tracking_uri, local_judge, tmp_path
     assert result.metric == "faithfulness" and result.binary_labels
     rows = result.rows
     assert rows["score"].between(0, 1).all()
-    expected = agreement(rows["score"].to_numpy(float), rows["label"].to_numpy(float), n_boot=200)
+    # rank figures rank by the rows' support confidence, the binarised ones use the score
+    assert (rows["support"] != rows["score"]).any()
+    expected = agreement(rows["score"].to_numpy(float), rows["label"].to_numpy(float), n_boot=200,
+                         rank_scores=rows["support"].to_numpy(float))
     assert result.figures == expected
     assert result.spearman > 0.8 and result.figures["auroc"]["value"] > 0.9
 

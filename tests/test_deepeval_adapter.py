@@ -74,8 +74,9 @@ OUR_SCRIPT = {
         {"claim": c, "supported": SUPPORT[c] == "yes", "reason": f"table: {SUPPORT[c]}"}
         for c in claims_of(v["text"])
     ]},
-    "rate_relevance": lambda v: {"verdicts": [
-        {"index": i, "verdict": USEFUL[p], "reason": "table"} for i, p in enumerate(v["passages"])
+    "rate_relevance": lambda v: {"verdicts": [  # passages (context precision) or their sentences
+        {"index": i, "verdict": {**USEFUL, **dict(STATEMENTS[MIXED])}[p], "reason": "table"}
+        for i, p in enumerate(v["passages"])
     ]},
 }
 
@@ -311,10 +312,10 @@ def test_faithfulness_differences():
 
 def test_context_differences():
     judge = make_judge()
-    # Relevancy: deepeval weighs statements, ours passages. MIXED is one useful passage with
-    # one relevant and one irrelevant statement: deepeval 1 of 3 statements, ours 1 of 2 passages.
+    # Relevancy: both weigh statements (ours: sentences), not passages. MIXED is one useful passage
+    # with one relevant and one irrelevant statement: 1 of 3 statements for both.
     mixed = [row("How much is a bike?", "Bikes cost 5 euros per journey.", [MIXED, WEATHER])]
-    assert values("context_relevance", mixed, judge) == pytest.approx([1 / 2])
+    assert values("context_relevance", mixed, judge) == pytest.approx([1 / 3])
     assert values("deepeval:contextual_relevancy", mixed, judge) == pytest.approx([1 / 3])
 
     records = [

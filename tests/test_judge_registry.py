@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_rag_eval.judges import Judge, MissingJudgeDependency, get_judge, known_schemes, registry
+from mlflow_rag_eval.judges.support_model import default_model_path
 from mlflow_rag_eval.judges.llm import LLMJudge, LLMSettings
 from mlflow_rag_eval.judges.local import LocalJudge, LocalJudgeSettings
 
@@ -222,7 +223,7 @@ def test_judge_names_in_the_readme_all_resolve(gguf):
     fill = {
         "<model id>": BEDROCK_MODEL, "<region>": "us-west-2", "<name>": "chat",
         "<gateway url>": "http://127.0.0.1:5000", "<path.gguf>": str(gguf), "<model>": "m",
-        "<any name>": "any", "<model alias>": "smollm2",
+        "<any name>": "any", "<model alias>": "smollm2", "<model.json>": str(default_model_path()),
     }
     for shown in sorted(names):
         name = shown

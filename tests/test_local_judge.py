@@ -76,7 +76,8 @@ def test_verify_supports_paraphrase_and_rejects_unrelated_and_changed_numbers(lo
     (verdicts,) = local_judge.verify([VerifyItem(PASSAGES, claims)])
     assert [v.value for v in verdicts] == [True, False, False]
     assert verdicts[0].source_index == 0 and "5 euros" in verdicts[0].evidence
-    assert "numbers not in context: 9" in verdicts[2].reason
+    assert "not in context: 1 number(s)" in verdicts[2].reason
+    assert verdicts[0].score > verdicts[2].score > 0  # support probabilities
 
 
 def test_verify_with_no_passages_supports_nothing(local_judge):
@@ -119,3 +120,28 @@ def test_what_it_cannot_do_is_refused_up_front(local_judge):
         local_judge.grade({"name": "tone"}, [{"answer": "x"}])
     with pytest.raises(JudgeCapabilityError, match="needs \\['generate_questions'\\]"):
         local_judge.require("generate_questions", metric="answer_relevancy")
+
+
+def test_context_relevance_is_decided_sentence_by_sentence(local_judge):
+    """A long passage with one on-topic sentence scores below a focused one (judged per passage,
+    both were relevant: 1.0 either way)."""
+    from mlflow_rag_eval.engine import evaluate_records
+    from mlflow_rag_eval.records import Context, RagRecord
+
+    question = "How much does it cost to take a bike on the train?"
+    focused = ("Bikes travel on all Northwind Rail trains for a flat fare of 5 euros per journey. "
+               "A bike ticket can be bought at the station or in the app.")
+    padded = ("Bikes travel on all Northwind Rail trains for a flat fare of 5 euros per journey. "
+              "The head office is in Hull. The company was founded in 1994. "
+              "Its staff canteen serves soup on Fridays. The annual report is published in May.")
+    result = evaluate_records([RagRecord(question=question, answer="5 euros.", contexts=(Context(focused),)),
+                               RagRecord(question=question, answer="5 euros.", contexts=(Context(padded),))],
+                              ["context_relevance"], local_judge)
+    good, poor = result.metrics[0].rows
+    assert good.value > poor.value and poor.value == pytest.approx(1 / 5)
+    (passage,) = poor.details["passages"]
+    assert passage["relevant_sentences"] == 1 and len(passage["sentences"]) == 5
+    assert poor.justification.startswith("1 of 5 sentences of the 1 retrieved passages")
+    # per passage, the padded one would have counted as relevant too
+    (verdicts,) = local_judge.rate_relevance([RelevanceItem(question, [padded])])
+    assert verdicts[0].value

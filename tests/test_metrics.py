@@ -83,9 +83,9 @@ EXPECTED = {
         "normal": (0 + 1 / 2 + 2 / 3) / 2, "empty-contexts": 0.0, "no-claims": 0.0,
         "all-unsupported": 0.0, "duplicate-chunks": (1 / 1 + 2 / 2) / 2, "missing-citation": (1 / 1) / 1,
     },
-    "context_relevance": {  # question's last word in the passage ("cost" -> only P0)
-        "normal": 1 / 3, "empty-contexts": 0.0, "no-claims": 0 / 1, "all-unsupported": 0 / 1,
-        "duplicate-chunks": 2 / 3, "missing-citation": 1 / 2,
+    "context_relevance": {  # question's last word in the sentence ("cost" -> only P0); P1 has 2 sentences
+        "normal": 1 / 4, "empty-contexts": 0.0, "no-claims": 0 / 1, "all-unsupported": 0 / 1,
+        "duplicate-chunks": 2 / 3, "missing-citation": 1 / 3,
     },
     "answer_correctness": {  # F1 of precision = TP/(TP+FP), recall = covered/reference claims
         "normal": 2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2), "empty-contexts": 1.0, "no-claims": None,

@@ -13,6 +13,9 @@ rows, or when every resample gives the same value — a zero-width interval is n
   (default 0.5; 0/1 labels are unchanged by it);
 - AUROC of the score for the label, when every label is 0 or 1.
 
+Rank figures (rho, tau, AUROC) rank rows by their support confidence where the judge gives one
+(the local judge's weakest-claim support probability), else by the score.
+
 Only rows the metric scored count; judge failures (``n_error``) and rows the metric does not
 apply to (``n_skipped``, e.g. an answer with no claim) are reported, not imputed.
 
@@ -159,22 +162,33 @@ _FUNCS: dict[str, Callable] = {
 }
 
 
+#: figures of how scores rank rows: computed on the rank scores (a support confidence) when given
+RANK_FIGURES = ("spearman", "kendall_tau", "auroc")
+
+
 def agreement(scores, labels, *, threshold: float = 0.5, label_threshold: float = 0.5,
-              n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, float | None]]:
-    """Each figure's value and bootstrap 95% CI (None where undefined) for paired arrays."""
+              n_boot: int = 1000, seed: int = 0, rank_scores=None) -> dict[str, dict[str, float | None]]:
+    """Each figure's value and bootstrap 95% CI (None where undefined) for paired arrays.
+
+    ``rank_scores`` (optional, paired with ``scores``): what ranks the rows for Spearman,
+    Kendall and AUROC — the rows' support confidence, finer than a share of claims; the
+    binarised figures (kappa, accuracy) always use ``scores >= threshold``.
+    """
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=float)
+    r = s if rank_scores is None else np.asarray(rank_scores, dtype=float)
     binary = bool(np.isin(y, (0.0, 1.0)).all())
     # row 0: the rows as they are (the figure's value); rows 1..n_boot: the resamples
     idx = np.vstack([np.arange(len(s)), stats.resample_indices(len(s), n_boot, seed)])
-    S, Y = s[idx], y[idx]
+    S, Y, R = s[idx], y[idx], r[idx]
     Sb, Yb = (S >= threshold).astype(float), (Y >= label_threshold).astype(float)
     out: dict[str, dict[str, float | None]] = {}
     for name in FIGURES:
         if name == "auroc" and not binary:
             out[name] = {"value": None, "ci_low": None, "ci_high": None}
             continue
-        values = _FUNCS[name](S, Y, Sb, Yb) if len(s) else np.full(n_boot + 1, np.nan)
+        ranked = R if name in RANK_FIGURES else S
+        values = _FUNCS[name](ranked, Y, Sb, Yb) if len(s) else np.full(n_boot + 1, np.nan)
         point = values[0]
         ci = stats.percentile_interval(values[1:]) if len(s) >= 2 else None
         out[name] = {"value": None if np.isnan(point) else float(point),
@@ -261,6 +275,7 @@ def calibrate(labels: pd.DataFrame | str | Path, metric: str = "faithfulness", j
         "id": frame["id"] if "id" in frame.columns else range(len(frame)),
         "label": frame["label"],
         "score": [r.value for r in scored.rows],
+        "support": [r.details.get("support", r.value) for r in scored.rows],
         "status": [r.status for r in scored.rows],
         "justification": [r.justification for r in scored.rows],
     })
@@ -280,8 +295,10 @@ def _result(rows: pd.DataFrame, *, metric: str, judge: str, judge_fingerprint: s
             labels_digest: str) -> CalibrationResult:
     """Agreement figures over the scored rows of ``rows`` (label, score, status per row)."""
     ok = rows["status"] == "scored"
+    ranks = rows["support"][ok].to_numpy(dtype=float) if "support" in rows else None
     figures = agreement(rows["score"][ok].to_numpy(dtype=float), rows["label"][ok].to_numpy(dtype=float),
-                        threshold=threshold, label_threshold=label_threshold, n_boot=n_boot, seed=seed)
+                        threshold=threshold, label_threshold=label_threshold, n_boot=n_boot, seed=seed,
+                        rank_scores=ranks)
     return CalibrationResult(
         metric=metric, judge=judge, judge_fingerprint=judge_fingerprint, prompts_version=prompts_version,
         n_labels=len(rows), n_scored=int(ok.sum()), n_error=int((rows["status"] == "error").sum()),

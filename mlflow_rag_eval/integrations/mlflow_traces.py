@@ -171,6 +171,8 @@ def row_feedback(
     evidence = compact_evidence(row.details)
     if evidence:
         metadata["rag_eval.evidence"] = evidence
+    if row.details.get("support") is not None:
+        metadata["rag_eval.support"] = repr(float(row.details["support"]))
     if run_id is not None:
         metadata[AssessmentMetadataKey.SOURCE_RUN_ID] = run_id
     failed = row.status == "error"

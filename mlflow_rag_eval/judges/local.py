@@ -1,14 +1,17 @@
 """The embedded local judge: a sentence-embedding model plus lexical checks, no LLM, no key.
 
-What it can judge: whether a sentence is backed by a close paraphrase in the contexts (semantic
-similarity, content-word coverage, and every number of the claim present in the contexts);
-whether a passage or an answer is on the question's topic; whether an answer abstains (fixed
-phrases and closeness to abstention prototypes).
+What it can judge: whether a sentence is backed by the contexts, as a support probability from
+a small learned model over embedding and lexical features (similarity to the best-matching
+sentence, content-word coverage, numbers, dates and names the contexts lack, negation and
+modality changes; see :mod:`mlflow_rag_eval.judges.support_model`); whether a passage or a
+sentence is on the question's topic; whether an answer abstains (fixed phrases and closeness to
+abstention prototypes).
 
-What it cannot judge: logic, negation, swapped roles ("A beat B" vs "B beat A"), claims that
-need several sentences combined, or anything that needs world knowledge. It cannot generate
-questions or grade against a rubric; metrics that need those refuse this judge up front.
-Treat its scores as a fast, offline screen, and calibrate before gating on them.
+What it cannot judge: logic, most negations and swapped roles that keep every word of the
+context ("A beat B" vs "B beat A"), claims that need several sentences combined, or anything
+that needs world knowledge. It cannot generate questions or grade against a rubric; metrics
+that need those refuse this judge up front. Treat its scores as a fast, offline screen that
+ranks rows, and calibrate before gating on them.
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ from mlflow_rag_eval.judges.base import (
 )
 from mlflow_rag_eval.judges.embedding import Embedder
 from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
-from mlflow_rag_eval.text import content_tokens, numbers, split_sentences, strip_citations
+from mlflow_rag_eval.judges.support_model import FEATURES, Premise, claim_features, load_support_model
+from mlflow_rag_eval.text import content_tokens, split_sentences, strip_citations
 
 __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v2"
+RULES_VERSION = "local-rules-v3"
 
 _ABSTAIN = re.compile(
     r"\b(i (?:do not|don't|cannot|can't|am unable to|am not able to) (?:know|answer|find|say|tell|help)"
@@ -69,14 +73,31 @@ class LocalJudgeSettings:
     """The local judge's thresholds: its saved spec, part of its fingerprint."""
 
     model: str = "minilm-l6"
-    #: weight of embedding similarity vs content-word coverage in a claim's support score
-    similarity_weight: float = 0.5
-    #: a claim is supported when its support score reaches this
-    support_threshold: float = 0.62
+    #: the support model's JSON file; empty: the one shipped with the package
+    support_model: str = ""
+    #: a claim is supported when its support probability reaches this; None: the model's own
+    support_threshold: float | None = None
     #: a passage is relevant to a question when their cosine reaches this
     relevance_threshold: float = 0.35
     #: an answer abstains when its cosine to an abstention prototype reaches this
     abstention_threshold: float = 0.75
+
+
+_F = {name: i for i, name in enumerate(FEATURES)}
+
+
+def _support_reason(supported: bool, score: float, threshold: float, x: np.ndarray, source: int) -> str:
+    """Why: the support probability and the features a person can check."""
+    missing = [f"{int(x[_F[f]])} {what}" for f, what in
+               (("missing_numbers", "number(s)"), ("missing_names", "name(s)"), ("missing_dates", "date word(s)"))
+               if x[_F[f]] > 0]
+    return (
+        f"{'supported' if supported else 'unsupported'}: support {score:.2f} (threshold {threshold:.2f}; "
+        f"cosine {x[_F['cosine_best']]:.2f} to context {source}, {x[_F['coverage']]:.0%} of content words found"
+        + (f", not in context: {', '.join(missing)}" if missing else "")
+        + (", negation differs" if x[_F["negation_mismatch"]] else "")
+        + ")"
+    )
 
 
 class LocalJudge(Judge):
@@ -91,6 +112,7 @@ class LocalJudge(Judge):
         # Overrides apply on top of the given settings (never silently dropped).
         self.settings = dataclasses.replace(settings, **overrides) if settings else LocalJudgeSettings(**overrides)
         self.embedder = Embedder(self.settings.model)
+        self.support_model = load_support_model(self.settings.support_model or None)
         self.calls = 0
         self._info: JudgeInfo | None = None
 
@@ -99,11 +121,14 @@ class LocalJudge(Judge):
         if self._info is None:
             files_sha = self.embedder.files_sha256
             params = asdict(self.settings)
+            # The support model counts by content, not by where its file lies.
+            params["support_model_sha256"] = self.support_model.sha256[:16]
             blob = json.dumps(
-                {"kind": "local", "rules": RULES_VERSION, "files": files_sha, "params": params},
+                {"kind": "local", "rules": RULES_VERSION, "files": files_sha,
+                 "params": {k: v for k, v in params.items() if k != "support_model"}},
                 sort_keys=True,
             )
-            short = self.settings.model.split("/")[-1]
+            short = self.settings.support_model or self.settings.model.split("/")[-1]
             self._info = JudgeInfo(
                 name=f"local:{short}",
                 kind="local",
@@ -131,66 +156,51 @@ class LocalJudge(Judge):
             out.append(claims)
         return out
 
+    @property
+    def support_threshold(self) -> float:
+        """Support probability at which a claim counts as supported."""
+        t = self.settings.support_threshold
+        return self.support_model.threshold if t is None else t
+
     def verify(self, items: Sequence[VerifyItem]) -> list[Outcome[list[Verdict]]]:
-        """Each claim against the best-matching sentence (or sentence pair) of the passages."""
-        s = self.settings
-        units_per_item: list[list[tuple[str, int]]] = []
-        for item in items:
-            units: list[tuple[str, int]] = []
-            for index, passage in enumerate(item.passages):
-                sentences = split_sentences(passage) or ([passage] if passage.strip() else [])
-                units.extend((sent, index) for sent in sentences)
-                # Adjacent pairs catch claims that merge two neighbouring sentences.
-                units.extend(
-                    (f"{a} {b}", index) for a, b in zip(sentences, sentences[1:])
-                )
-            units_per_item.append(units)
+        """Each claim's support probability from the support model, against the best-matching
+        sentence (or pair of adjacent sentences) of the passages."""
+        units_per_item = [Premise.units_of(item.passages) for item in items]
         texts = [c for item in items for c in item.claims] + [
-            u for units in units_per_item for u, _ in units
+            u for units, _ in units_per_item for u, _ in units
         ]
         vectors = self.embedder.encode(texts) if texts else np.zeros((0, 1), np.float32)
         self.calls += 1
         n_claims = sum(len(item.claims) for item in items)
         claim_vecs, unit_vecs = vectors[:n_claims], vectors[n_claims:]
-        out: list[Outcome[list[Verdict]]] = []
+        features: list[np.ndarray] = []
+        located: list[tuple[Premise, int, np.ndarray]] = []  # per claim: premise, best unit, features
         ci = ui = 0
-        for item, units in zip(items, units_per_item):
-            cv = claim_vecs[ci : ci + len(item.claims)]
-            uv = unit_vecs[ui : ui + len(units)]
-            ci += len(item.claims)
+        for item, (units, n_sentences) in zip(items, units_per_item):
+            premise = Premise.build(item.passages, units, n_sentences, unit_vecs[ui : ui + len(units)])
             ui += len(units)
-            premise = " ".join(item.passages)
-            premise_tokens = set(content_tokens(premise))
-            premise_numbers = numbers(premise)
+            for k in range(len(item.claims)):
+                if units:
+                    x, best = claim_features(item.claims[k], claim_vecs[ci + k], premise)
+                    features.append(x)
+                    located.append((premise, best, x))
+            ci += len(item.claims)
+        probs = iter(self.support_model.predict(np.array(features)) if features else ())
+        where = iter(located)
+        threshold = self.support_threshold
+        out: list[Outcome[list[Verdict]]] = []
+        for item, (units, _) in zip(items, units_per_item):
             verdicts = []
-            for k, claim in enumerate(item.claims):
+            for claim in item.claims:
                 if not units:
                     verdicts.append(Verdict(False, "no context to support it", score=0.0))
                     continue
-                sims = uv @ cv[k]
-                best = int(np.argmax(sims))
-                cosine = float(max(sims[best], 0.0))
-                tokens = content_tokens(claim)
-                coverage = (
-                    sum(t in premise_tokens for t in tokens) / len(tokens) if tokens else 1.0
-                )
-                missing_numbers = sorted(numbers(claim) - premise_numbers)
-                score = s.similarity_weight * cosine + (1 - s.similarity_weight) * coverage
-                if missing_numbers:
-                    score *= 0.5
-                score = _stable(score)
-                supported = score >= s.support_threshold
-                evidence, source = units[best]
-                reason = (
-                    f"{'supported' if supported else 'unsupported'}: score {score:.2f} "
-                    f"(cosine {cosine:.2f} to context {source}, {coverage:.0%} of content words "
-                    "found"
-                    + (f", numbers not in context: {', '.join(missing_numbers)}" if missing_numbers else "")
-                    + ")"
-                )
-                verdicts.append(
-                    Verdict(supported, reason, evidence=evidence, score=score, source_index=source)
-                )
+                score = _stable(next(probs))
+                premise, best, x = next(where)
+                supported = score >= threshold
+                evidence, source = premise.units[best]
+                verdicts.append(Verdict(supported, _support_reason(supported, score, threshold, x, source),
+                                        evidence=evidence, score=score, source_index=source))
             out.append(verdicts)
         return out
 
@@ -261,7 +271,7 @@ class LocalJudge(Judge):
 
 
 #: The settings a ``local:`` judge name (and ``get_judge``'s keywords) may set: the thresholds.
-_THRESHOLDS = tuple(f.name for f in dataclasses.fields(LocalJudgeSettings) if f.name != "model")
+_THRESHOLDS = tuple(f.name for f in dataclasses.fields(LocalJudgeSettings) if f.name.endswith("_threshold"))
 
 
 def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> LocalJudge:
@@ -278,12 +288,17 @@ def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> 
 
 @register_judge_provider("local", build=_local_judge)
 def parse_local_target(spec: str) -> LocalJudgeSettings:
-    """Settings from a judge name: ``local:minilm-l6`` (the default), ``local:<model folder>``.
+    """Settings from a judge name: ``local:minilm-l6`` (the default), ``local:<model folder>``,
+    ``local:<support model>.json``.
 
-    The target is a packaged model's short name or a sentence-transformers model folder (kept
-    as written: ``local:/abs/path`` is absolute). Options, as a query string: the thresholds
-    ``support_threshold``, ``relevance_threshold``, ``abstention_threshold`` and
-    ``similarity_weight``, e.g. ``local:minilm-l6?support_threshold=0.7``.
+    The target is a packaged model's short name, a sentence-transformers model folder (kept as
+    written: ``local:/abs/path`` is absolute), or a support model JSON file written by
+    ``mlflow-rag-eval train-local-judge`` (with the packaged embedding model). Options, as a
+    query string: the thresholds ``support_threshold`` (default: the support model's own),
+    ``relevance_threshold`` and ``abstention_threshold``, e.g.
+    ``local:minilm-l6?support_threshold=0.7``.
     """
     model, options = split_judge_name(spec, "local", {k: as_float for k in _THRESHOLDS}, strip_slash=False)
+    if model.endswith(".json"):  # a support model trained with train-local-judge
+        return LocalJudgeSettings(support_model=model, **options)
     return LocalJudgeSettings(model=model or "minilm-l6", **options)

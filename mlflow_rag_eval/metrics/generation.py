@@ -15,6 +15,7 @@ from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeFailure, Relevan
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
+from mlflow_rag_eval.text import split_sentences
 
 __all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall"]
 
@@ -45,10 +46,17 @@ def _claim_support(
             why += f"; unsupported: {unsupported[0]!r}" + (
                 f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""
             )
+        scores = [v.score for _, v in outcome]
+        # The weakest claim's support: a continuous confidence that ranks rows the share cannot
+        # (every one-claim answer scores 0 or 1), where the judge scores its verdicts.
+        support = {"support": min(scores)} if all(x is not None for x in scores) else {}
+        if support:
+            why += f" (support {support['support']:.2f}, the weakest claim's)"
         out[row] = RowResult.scored(
             supported / len(outcome),
             why,
             claims=[{"claim": c, **v.as_dict()} for c, v in outcome],
+            **support,
         )
     return out
 
@@ -138,10 +146,21 @@ class ContextRecall(Metric):
         return each_applicable(self, records, score)
 
 
+def passage_sentences(passage: str) -> list[str]:
+    """A passage's sentences as context relevance rates them (a passage without a sentence
+    break is one sentence)."""
+    return split_sentences(passage) or ([passage] if passage.strip() else [])
+
+
 @register_metric
 @dataclass(frozen=True)
 class ContextRelevance(Metric):
-    """Share of the retrieved passages that are relevant to the question. No passage: 0."""
+    """Share of the retrieved text that is relevant to the question, sentence by sentence.
+
+    Every sentence of every retrieved passage is rated (one judge call per row) and the score is
+    relevant sentences / sentences, as ragas and deepeval measure it: a long passage with one
+    on-topic sentence scores low, not 1.0. No passage (or no sentence): 0.
+    """
 
     name = "context_relevance"
     requires = ("contexts",)
@@ -149,18 +168,36 @@ class ContextRelevance(Metric):
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
+        return each_applicable(self, records, lambda rows: self._rate(records, judge, rows))
 
-        def share(record, verdicts):
-            n_rel = sum(v.value for v in verdicts)
-            return RowResult.scored(
-                n_rel / len(verdicts),
-                f"{n_rel} of {len(verdicts)} retrieved passages are relevant to the question",
-                passages=[{"id": c.id, **v.as_dict()} for c, v in zip(record.contexts, verdicts)],
-            )
-
-        return each_applicable(
-            self, records, lambda rows: _rate_passages(judge, records, rows, lambda r: None, share)
+    def _rate(self, records, judge, rows) -> dict[int, RowResult]:
+        out: dict[int, RowResult] = {}
+        split = {i: [passage_sentences(c.text) for c in records[i].contexts] for i in rows}
+        rated_rows = [i for i in rows if any(split[i])]
+        for i in rows:
+            if not any(split[i]):
+                out[i] = RowResult.scored(0.0, "no contexts were retrieved", passages=[])
+        rated = judge.rate_relevance(
+            [RelevanceItem(records[i].question, [s for sents in split[i] for s in sents]) for i in rated_rows]
         )
+        for i, outcome in zip(rated_rows, rated):
+            if isinstance(outcome, JudgeFailure):
+                out[i] = _failed(outcome)
+                continue
+            verdicts, passages, start = list(outcome), [], 0
+            for context, sents in zip(records[i].contexts, split[i]):
+                own = verdicts[start : start + len(sents)]
+                start += len(sents)
+                passages.append({"id": context.id, "relevant_sentences": sum(v.value for v in own),
+                                 "sentences": [{"sentence": t, **v.as_dict()} for t, v in zip(sents, own)]})
+            n_rel = sum(v.value for v in verdicts)
+            out[i] = RowResult.scored(
+                n_rel / len(verdicts),
+                f"{n_rel} of {len(verdicts)} sentences of the {len(passages)} retrieved passages are "
+                "relevant to the question",
+                passages=passages,
+            )
+        return out
 
 
 @register_metric

@@ -72,13 +72,20 @@ def _worst_indices(metric: MetricResult, fraction: float,
     best = max(sign * v for v, _ in scored) * sign
     below = [(v, i) for v, i in scored if sign * v < sign * best]
     # Worst first; the row index breaks ties so the order is stable across runs.
-    below.sort(key=lambda vi: (sign * vi[0], vi[1]))
+    # Ties in value are ordered by the row's support confidence where the judge gives one.
+    rows = metric.rows
+    below.sort(key=lambda vi: (sign * vi[0], sign * _support(rows[vi[1]]), vi[1]))
     k = min(len(below), max(min_rows, math.ceil(fraction * len(scored))))
     if k == 0:
         return [], None, best
     cutoff = below[k - 1][0]
     chosen = [i for v, i in below if sign * v <= sign * cutoff]
     return chosen, cutoff, best
+
+
+def _support(row) -> float:
+    support = row.details.get("support")
+    return float(support) if support is not None else float(row.value)
 
 
 def _note(metric: MetricResult, chosen: list[int], best: float | None) -> str | None:

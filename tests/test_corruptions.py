@@ -1,0 +1,85 @@
+"""The synthetic-corruption generator: each transformation on fixed sentences."""
+
+import random
+
+from mlflow_rag_eval.judges.corruptions import (
+    CORRUPTIONS, clause_deletion, date_change, entity_swap, negation, number_change, other_passage, role_swap,
+    synthetic_examples,
+)
+
+SENTENCE = "In 2019 Northwind Rail bought 12 trains from Alstom for the Hull line."
+
+
+def rng():
+    return random.Random(0)
+
+
+def test_entity_swap_replaces_one_name_with_another_of_the_collection():
+    out = entity_swap(SENTENCE, rng(), names=["Siemens", "Alstom"])
+    assert out == SENTENCE.replace("Alstom", "Siemens") or out == SENTENCE.replace("Northwind Rail", "Siemens") \
+        or out == SENTENCE.replace("Hull", "Siemens")
+    assert out != SENTENCE and "Siemens" in out
+    assert entity_swap("the trains were late again today.", rng(), names=["Siemens"]) is None  # no name
+    assert entity_swap(SENTENCE, rng(), names=["Alstom", "Hull"]) is None  # nothing new to swap in
+
+
+def test_number_change_changes_one_number_to_a_new_value():
+    out = number_change("The company bought 12 trains.", rng())
+    assert out is not None and out != "The company bought 12 trains."
+    new = out.split()[3]
+    assert new.isdigit() and new != "12" and int(new) > 0
+    year = number_change("It opened in 1994.", rng())
+    assert 1989 <= int(year.split()[-1].rstrip(".")) <= 1999 and "1994" not in year  # years move by 1-5
+    assert number_change("No number here.", rng()) is None
+
+
+def test_date_change_swaps_a_month_or_weekday_for_another_of_its_kind():
+    out = date_change("Works start in March and end on a Friday.", rng())
+    assert out != "Works start in March and end on a Friday."
+    months = ["January", "February", "April", "May", "June", "July", "August", "September", "October",
+              "November", "December"]
+    assert ("Friday" in out and any(m in out for m in months)) or ("March" in out and "Friday" not in out)
+    assert date_change("Works start soon.", rng()) is None
+
+
+def test_negation_inserts_not_after_the_first_auxiliary():
+    assert negation("The line was closed in 2004.", rng()) == "The line was not closed in 2004."
+    assert negation("Bikes can travel free.", rng()) == "Bikes can not travel free."
+    assert negation("The line is not open.", rng()) is None  # negated already, no other auxiliary
+    assert negation("Trains run hourly.", rng()) is None
+
+
+def test_role_swap_exchanges_two_names():
+    out = role_swap("The final saw Leeds beat Hull after extra time.", rng())
+    assert out == "The final saw Hull beat Leeds after extra time."
+    assert role_swap("The final saw Leeds win.", rng()) is None
+
+
+def test_other_passage_takes_a_sentence_from_the_pool():
+    assert other_passage("A.", rng(), pool=["B is here.", "A."]) == "B is here."
+    assert other_passage("A.", rng(), pool=[]) is None
+
+
+def test_clause_deletion_keeps_a_supported_shorter_sentence():
+    out = clause_deletion("The depot opened in 1994, which doubled capacity, and it still runs today.", rng())
+    assert out in ("The depot opened in 1994, and it still runs today.",
+                   "The depot opened in 1994, which doubled capacity.")
+    assert clause_deletion("The depot opened in 1994.", rng()) is None
+
+
+def test_synthetic_examples_are_labelled_deterministic_and_never_unchanged():
+    passages = [
+        "Northwind Rail was founded in 1994 by three councils. Its head office is in Hull, which is on the coast.",
+        "In March the company ordered 12 trains from Alstom. The trains were delivered on a Friday in Leeds.",
+    ]
+    a = synthetic_examples(passages, seed=3, per_passage=2)
+    assert a == synthetic_examples(passages, seed=3, per_passage=2)
+    kinds = {e.kind for e in a}
+    assert {"sentence", "negation", "number_change", "other_passage"} <= kinds
+    assert kinds <= {"sentence", "clause_deletion", *CORRUPTIONS}
+    originals = {e.claim for e in a if e.kind == "sentence"}
+    for e in a:
+        assert e.label == (1 if e.kind in ("sentence", "clause_deletion") else 0)
+        if e.label == 0:
+            assert e.claim not in originals or e.kind == "other_passage"
+            assert e.claim not in e.passage  # a corrupted claim is never the passage's own text
