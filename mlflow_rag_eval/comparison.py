@@ -206,23 +206,43 @@ def compare_evaluations(a: EvaluatedRun, b: EvaluatedRun, *, allow_judge_change:
     return Comparison(a.run_id, b.run_id, deltas, n_pairs, len(keys_a), len(keys_b), warnings)
 
 
+def calibration_warnings(client, a: EvaluatedRun, b: EvaluatedRun, metrics: list[str]) -> list[str]:
+    """A warning per distinct judge of the two runs that has no calibration record (looked up
+    now, so a calibration made after the evaluation counts) for a compared metric."""
+    from mlflow_rag_eval.gate.lookup import calibration_records, uncalibrated_warning
+
+    out, seen = [], set()
+    for run in (a, b):
+        identity = (run.params.get("rag_eval.judge_fingerprint"), run.params.get("rag_eval.prompts_version"))
+        if identity in seen or None in identity:
+            continue
+        seen.add(identity)
+        records = calibration_records(client, metrics, *identity)
+        warning = uncalibrated_warning(run.params.get("rag_eval.judge", identity[0]), records)
+        if warning:
+            out.append(warning)
+    return out
+
+
 def compare_runs(run_a: str, run_b: str, *, allow_judge_change: bool = False,
                  allow_dataset_change: bool = False, log_to: str | None = None, client=None,
                  n_boot: int = stats.PAIRED_CI_RESAMPLES, seed: int = stats.SEED) -> Comparison:
     """Compare run B against run A, paired over their shared rows.
 
     Raises NotComparable when the dataset digest, judge fingerprint or prompts version
-    differ, unless allowed. ``log_to``: a run id that gets ``rag_eval/comparison_<A>_<B>.html``
+    differ, unless allowed. A judge without a calibration record for a compared metric is
+    named in the warnings. ``log_to``: a run id that gets ``rag_eval/comparison_<A>_<B>.html``
     and ``.json`` artifacts.
     """
     import mlflow
 
     client = client or mlflow.MlflowClient()
+    a, b = load_evaluation(run_a, client), load_evaluation(run_b, client)
     comparison = compare_evaluations(
-        load_evaluation(run_a, client), load_evaluation(run_b, client),
-        allow_judge_change=allow_judge_change, allow_dataset_change=allow_dataset_change,
+        a, b, allow_judge_change=allow_judge_change, allow_dataset_change=allow_dataset_change,
         n_boot=n_boot, seed=seed,
     )
+    comparison.warnings += calibration_warnings(client, a, b, [d.metric for d in comparison.deltas])
     if log_to is not None:
         stem = f"rag_eval/comparison_{run_a[:8]}_{run_b[:8]}"
         client.log_text(log_to, comparison.to_html(), f"{stem}.html")

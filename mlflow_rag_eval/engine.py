@@ -55,6 +55,9 @@ class EvaluationResult:
     default_suite: bool = False
     #: metric name -> why the default suite left it out
     left_out: dict[str, str] = field(default_factory=dict)
+    #: judge-graded metric key -> the judge's calibration run on it, or None (no record); filled
+    #: when the result is logged (the tracking store holds the calibrations)
+    calibration: dict[str, str | None] = field(default_factory=dict)
 
     def summary_text(self) -> str:
         """Per metric: rows scored, failed (the most common error kinds, one example each) and
@@ -74,7 +77,17 @@ class EvaluationResult:
         if self.left_out:
             lines.append("  left out of the default suite: "
                          + "; ".join(f"{name} ({why})" for name, why in self.left_out.items()))
+        lines += self.calibration_lines()
         return "\n".join(lines)
+
+    def calibration_lines(self) -> list[str]:
+        """What the summary says of the judge's calibration (nothing before it is looked up)."""
+        from mlflow_rag_eval.gate.lookup import uncalibrated_warning
+
+        warning = uncalibrated_warning(self.judge.name, self.calibration)
+        lines = [f"  WARNING: {warning}"] if warning else []
+        lines += [f"  calibrated: {key} by run {run_id}" for key, run_id in self.calibration.items() if run_id]
+        return lines
 
     def failed_metrics(self, max_error_rate: float = 0.0) -> list[MetricResult]:
         """The metrics whose error rate is above ``max_error_rate``."""
@@ -89,8 +102,8 @@ class EvaluationResult:
 
     def table(self, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
         """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``
-        (``/traceback`` too when the metric itself raised), and the row's ``trace_id`` when its
-        trace was logged."""
+        (``/traceback`` too when the metric itself raised; ``/support`` when the judge gave a
+        support confidence), and the row's ``trace_id`` when its trace was logged."""
         data: dict[str, list[Any]] = {
             "question": [r.question for r in self.records],
             "answer": [r.answer for r in self.records],
@@ -102,6 +115,8 @@ class EvaluationResult:
             data[f"{m.key}/score"] = [row.value for row in m.rows]
             data[f"{m.key}/justification"] = [row.justification for row in m.rows]
             data[f"{m.key}/error"] = [row.error for row in m.rows]
+            if any(row.details.get("support") is not None for row in m.rows):  # ranks rows the score ties
+                data[f"{m.key}/support"] = [row.details.get("support") for row in m.rows]
             if any(row.traceback for row in m.rows):  # an exception inside the metric: where from
                 data[f"{m.key}/traceback"] = [row.traceback for row in m.rows]
         data["trace_id"] = list(trace_ids) if trace_ids is not None else [None] * len(self.records)

@@ -100,7 +100,8 @@ def test_better_run_shows_positive_paired_deltas_and_logs_html(tracking_uri, loc
     b = _evaluate(_data(good=True), local_judge)
     comparison = compare_runs(a, b, log_to=b)
     by = {d.metric: d for d in comparison.deltas}
-    assert comparison.n_shared_rows == 12 and not comparison.warnings
+    assert comparison.n_shared_rows == 12
+    assert [w.split(":")[0] for w in comparison.warnings] == ["uncalibrated judge"]  # faithfulness's judge
     assert by["mrr"].mean_a == pytest.approx((4 * 1 + 8 * 0.5) / 12)
     assert by["mrr"].delta == pytest.approx(1 - (4 + 4) / 12) and by["mrr"].verdict == "better"
     assert by["faithfulness"].delta == 0 and by["faithfulness"].verdict == "no clear change"

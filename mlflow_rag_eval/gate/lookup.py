@@ -19,7 +19,8 @@ import re
 from typing import Any
 
 __all__ = [
-    "CALIBRATION_TAG", "UnsearchableValue", "champion_version", "evaluation_runs", "find_calibration",
+    "CALIBRATION_TAG", "UnsearchableValue", "calibration_records", "champion_version", "evaluation_runs",
+    "find_calibration", "uncalibrated_warning",
     "model_aliases", "model_id_of", "search_all_experiments",
 ]
 
@@ -113,3 +114,28 @@ def find_calibration(client, metric: str, judge_fingerprint: str, prompts_versio
     ])
     runs = search_all_experiments(client, filt, max_results=1)
     return runs[0] if runs else None
+
+
+def calibration_records(client, metric_keys, judge_fingerprint: str, prompts_version: str) -> dict[str, str | None]:
+    """Per judge-graded metric key: the run id of the judge's latest calibration on it, or None.
+    Metrics that need no judge (retrieval metrics compare ids) are left out."""
+    from mlflow_rag_eval.gate.checks import is_judge_graded
+
+    out: dict[str, str | None] = {}
+    for key in metric_keys:
+        if is_judge_graded(key):
+            try:
+                run = find_calibration(client, key, judge_fingerprint, prompts_version)
+            except UnsearchableValue:
+                run = None
+            out[key] = run.info.run_id if run is not None else None
+    return out
+
+
+def uncalibrated_warning(judge: str, calibration: dict[str, str | None]) -> str | None:
+    """One line saying which metrics come from a judge without a calibration record, or None."""
+    missing = [key for key, run_id in calibration.items() if run_id is None]
+    if not missing:
+        return None
+    return (f"uncalibrated judge: {judge} has no calibration record for {', '.join(missing)}; these numbers "
+            "rank rows but are not validated against human labels (mlflow-rag-eval calibrate)")

@@ -11,6 +11,9 @@ What a run holds after an evaluation (one evaluation per run):
   ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
 - params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
   ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags;
+- tag ``rag_eval.calibrated``: ``false`` when a judge-graded metric's judge (fingerprint and
+  prompts version) has no calibration record in the store, with ``rag_eval.uncalibrated_metrics``
+  naming them; each calibrated metric cites its record as ``rag_eval.calibration_run.<key>``;
 - ``eval_results_table.json`` (MLflow's table format) with ``<metric>/score``,
   ``<metric>/justification``, ``<metric>/error`` and each row's ``trace_id``;
 - ``rag_eval/judge_lineage.json``: the judge, its model files' hash, its settings, the metric
@@ -36,6 +39,7 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
 from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.gate.lookup import calibration_records
 from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
 from mlflow_rag_eval.judges.prompts import PROMPTS
@@ -179,6 +183,19 @@ def log_evaluation(
     return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids)
 
 
+def _calibration_tags(calibration: dict[str, str | None]) -> dict[str, str]:
+    """``rag_eval.calibrated`` (false when any judge-graded metric's judge has no calibration
+    record), the uncalibrated metrics, and each calibrated metric's calibration run."""
+    if not calibration:
+        return {}
+    missing = [key for key, run_id in calibration.items() if run_id is None]
+    tags = {"rag_eval.calibrated": "false" if missing else "true"}
+    if missing:
+        tags["rag_eval.uncalibrated_metrics"] = ",".join(missing)[:5000]
+    tags.update({f"rag_eval.calibration_run.{key}": run_id for key, run_id in calibration.items() if run_id})
+    return tags
+
+
 def log_run_contents(
     result: EvaluationResult,
     run_id: str,
@@ -195,6 +212,8 @@ def log_run_contents(
     judge = result.judge
     metrics = result.aggregates()
     now = int(time.time() * 1000)
+    result.calibration = calibration_records(client, [m.key for m in result.metrics], judge.fingerprint,
+                                             judge.prompts_version)
     params = {
         "rag_eval.judge": judge.name,
         "rag_eval.judge_fingerprint": judge.fingerprint,
@@ -210,6 +229,7 @@ def log_run_contents(
         "rag_eval.judge_fingerprint": judge.fingerprint,
         "rag_eval.dataset_digest": result.dataset_digest,
         "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+        **_calibration_tags(result.calibration),
         **(tags or {}),
     }
     client.log_batch(

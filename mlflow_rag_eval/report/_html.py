@@ -18,6 +18,7 @@ from typing import Any
 from markupsafe import Markup
 
 from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.gate.lookup import uncalibrated_warning
 from mlflow_rag_eval.report._svg import histogram_svg, quadrant_data, quadrant_svg
 from mlflow_rag_eval.report._templates import render
 from mlflow_rag_eval.report._worst import worst_rows
@@ -170,6 +171,8 @@ def render_report(
         dataset_digest=result.dataset_digest,
         n_rows=len(result.records),
         judge=result.judge,
+        uncalibrated=uncalibrated_warning(result.judge.name, result.calibration),
+        calibrated=[(k, r) for k, r in result.calibration.items() if r],
         summary=_summary(result),
         distributions=_distributions(result),
         quadrant=_quadrant(result),
