@@ -32,7 +32,7 @@ from mlflow_rag_eval.gate.calibration import agreement  # noqa: E402
 from mlflow_rag_eval.judges.embedding import Embedder  # noqa: E402
 from mlflow_rag_eval.judges.support_model import FEATURES, load_support_model  # noqa: E402
 from mlflow_rag_eval.judges.support_training import (  # noqa: E402
-    _Featurizer, answer_claims, load_pairs, train_support_model,
+    Featurizer, answer_claims, load_pairs, train_support_model,
 )
 
 DEFAULT = ROOT.parent / "shared" / "data" / "faithfulness_dev" / "summedits_dev.jsonl"
@@ -67,7 +67,7 @@ def main() -> None:
     start = time.perf_counter()
     pairs = load_pairs(args.data)
     embedder = Embedder()
-    featurize = _Featurizer(embedder)
+    featurize = Featurizer(embedder)
     owner = np.array([i for i, p in enumerate(pairs) for _ in answer_claims(p.answer)])
     X = featurize([(c, [p.context]) for p in pairs for c in answer_claims(p.answer)])
     labels = np.array([p.label for p in pairs])

@@ -76,12 +76,12 @@ class Premise:
     units: list[tuple[str, int]]  # (text, passage index): sentences first, then adjacent pairs
     n_sentences: int
     vectors: np.ndarray  # one unit row per unit
-    tokens: set[str] = field(default_factory=set)
-    prefixes: set[str] = field(default_factory=set)
-    bigrams: set[tuple[str, str]] = field(default_factory=set)
-    numbers: set[str] = field(default_factory=set)
-    words: set[str] = field(default_factory=set)
-    text: str = ""
+    tokens: frozenset[str]
+    prefixes: frozenset[str]
+    bigrams: frozenset[tuple[str, str]]
+    numbers: frozenset[str]
+    words: frozenset[str]
+    text: str
 
     @staticmethod
     def units_of(passages: Sequence[str]) -> tuple[list[tuple[str, int]], int]:

@@ -32,7 +32,7 @@ from mlflow_rag_eval.judges.embedding import Embedder
 from mlflow_rag_eval.judges.support_model import FEATURES, Premise, SupportModel, claim_features
 from mlflow_rag_eval.text import content_tokens, split_sentences, strip_citations
 
-__all__ = ["LabelledPair", "answer_claims", "featurize", "load_corpus", "load_pairs", "train_support_model"]
+__all__ = ["Featurizer", "LabelledPair", "answer_claims", "load_corpus", "load_pairs", "train_support_model"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
     return out
 
 
-class _Featurizer:
+class Featurizer:
     """Features of (claim, passages) pairs, premises embedded once per distinct passage list."""
 
     def __init__(self, embedder: Embedder):
@@ -111,11 +111,6 @@ class _Featurizer:
         vectors = self.embedder.encode([claim for claim, _ in pairs])
         return np.array([claim_features(claim, vectors[k], self.premise(passages))[0]
                          for k, (claim, passages) in enumerate(pairs)])
-
-
-def featurize(pairs: Sequence[tuple[str, Sequence[str]]], embedder: Embedder | None = None) -> np.ndarray:
-    """The :data:`FEATURES` matrix of (claim, passages) pairs."""
-    return _Featurizer(embedder or Embedder())(pairs)
 
 
 def _fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, C: float):
@@ -159,7 +154,7 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
                         embedder: Embedder | None = None) -> SupportModel:
     """Train a support model on synthetic examples from ``corpus`` and the labelled ``pairs``
     (the labelled pairs' contexts join the corpus for synthetic examples)."""
-    featurize_ = _Featurizer(embedder or Embedder())
+    featurize_ = Featurizer(embedder or Embedder())
     passages = list(dict.fromkeys([*corpus, *(p.context for p in pairs)]))
     synthetic = synthetic_examples(passages, seed=seed, per_passage=per_passage)
     if not synthetic and not pairs:
