@@ -171,7 +171,9 @@ def render_report(
         dataset_digest=result.dataset_digest,
         n_rows=len(result.records),
         judge=result.judge,
-        uncalibrated=uncalibrated_warning(result.judge.name, result.calibration),
+        # the banner's bold "Uncalibrated judge." heads the warning, which then need not repeat it
+        uncalibrated=(uncalibrated_warning(result.judge.name, result.calibration) or "").removeprefix(
+            "uncalibrated judge: "),
         calibrated=[(k, r) for k, r in result.calibration.items() if r],
         summary=_summary(result),
         distributions=_distributions(result),
