@@ -27,6 +27,7 @@ __all__ = [
     "refuse_duplicate_columns",
     "validate_inputs",
     "dataset_digest",
+    "parent_of",
 ]
 
 
@@ -46,12 +47,36 @@ class RecordError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+def parent_of(doc_id: str) -> str:
+    """The parent of an id by the ``/`` rule: everything before the last ``/`` (``docs/a.md/3``
+    -> ``docs/a.md``), or the id itself when it has no ``/`` or nothing before it.
+
+    The last ``/``, not the first, so that path-like document ids keep their path and only the
+    chunk suffix is cut; ids whose parents are not a prefix give ``parent_id`` instead.
+    """
+    head, sep, _ = doc_id.rpartition("/")
+    return head if sep and head else doc_id
+
+
 @dataclass(frozen=True)
 class Context:
-    """One retrieved passage, in rank order within its record."""
+    """One retrieved passage, in rank order within its record.
+
+    ``parent_id`` names the larger unit the passage is a chunk of (the document of a chunk,
+    the thread of a post), for the retrieval metrics at the parent grain; without it the
+    parent is read from the id (:func:`parent_of`).
+    """
 
     text: str
     id: str | None = None
+    parent_id: str | None = None
+
+    @property
+    def parent(self) -> str | None:
+        """``parent_id`` when given, else :func:`parent_of` the id; None without either."""
+        if self.parent_id is not None:
+            return self.parent_id
+        return parent_of(self.id) if self.id is not None else None
 
 
 @dataclass(frozen=True)
@@ -85,8 +110,9 @@ class ColumnMapping:
     """Which column holds which record field. Override any of them via ``evaluator_config``.
 
     ``contexts`` cells are lists of strings or of dicts with ``text`` (or ``page_content`` /
-    ``content``) and an optional ``id`` (or ``doc_id``). ``context_ids`` is an optional
-    separate column with the ids of the contexts, in the same order.
+    ``content``), an optional ``id`` (or ``doc_id``) and an optional ``parent_id`` (the
+    document the passage is a chunk of). ``context_ids`` is an optional separate column with
+    the ids of the contexts, in the same order.
     """
 
     question: str = "question"
@@ -113,6 +139,8 @@ class ColumnMapping:
 
 _TEXT_KEYS = ("text", "page_content", "content")
 _ID_KEYS = ("id", "doc_id", "document_id")
+#: only this key: ``doc_id`` already names the passage itself (an id alias), not its parent
+_PARENT_KEY = "parent_id"
 
 
 def _is_missing(value: Any) -> bool:
@@ -182,7 +210,9 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
                 )
             id_key = next((k for k in _ID_KEYS if k in item and item[k] is not None), None)
             cid = _as_id(item[id_key], row=row, column=column) if id_key else None
-            out.append(Context(text=text, id=cid))
+            parent = item.get(_PARENT_KEY)
+            parent = None if _is_missing(parent) else _as_id(parent, row=row, column=column)
+            out.append(Context(text=text, id=cid, parent_id=parent))
         else:
             raise RecordError(
                 f"context {position} must be a string or a dict, got {type(item).__name__}",
@@ -198,7 +228,7 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
                 column=mapping.context_ids,
             )
         out = [
-            Context(text=c.text, id=_as_id(i, row=row, column=mapping.context_ids))
+            replace(c, id=_as_id(i, row=row, column=mapping.context_ids))
             for c, i in zip(out, id_list)
         ]
     return tuple(out)

@@ -121,6 +121,32 @@ def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(trackin
     assert retrieval.value == 1.0 and retrieval.source.source_type == AssessmentSourceType.CODE
 
 
+def test_scorer_reads_parent_ids_from_retriever_span_metadata(tracking_uri):
+    """Chunks of one document, named by opaque ids: the retriever's metadata ``parent_id``
+    is what the parent-grain metrics rank by."""
+    from mlflow.entities import SpanType
+
+    @mlflow.trace(span_type=SpanType.RETRIEVER)
+    def retrieve(question):
+        return [{"page_content": f"chunk {i}", "id": f"c{i}", "metadata": {"parent_id": doc}}
+                for i, doc in enumerate(["guide", "guide", "faq"])]
+
+    @mlflow.trace
+    def rag(question):
+        retrieve(question)
+        return "an answer"
+
+    rag("q")
+    mlflow.flush_trace_async_logging()
+    trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
+    parent_mrr, pollution = rag_scorers(["parent_mrr", "pollution@3"], None)
+    # faq is the second distinct document: reciprocal rank 1/2 (the chunk grain would say 1/3)
+    assert parent_mrr(inputs={"question": "q"}, outputs="a", trace=trace,
+                      expectations={"relevant_ids": ["faq"]}).value == 0.5
+    # the second slot repeats "guide": one of three slots polluted
+    assert pollution(inputs={"question": "q"}, outputs="a", trace=trace).value == 1 / 3
+
+
 def test_scorer_turns_bad_input_into_a_named_error(local_judge):
     (faithfulness,) = rag_scorers(["faithfulness"], local_judge)
     feedback = faithfulness(inputs={"question": ""}, outputs={"answer": "x", "contexts": []})

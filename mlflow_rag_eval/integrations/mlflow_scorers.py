@@ -91,7 +91,11 @@ def contexts_from_trace(trace) -> list[dict[str, Any]] | None:
             meta = doc.get("metadata") or {}
             text = doc.get("page_content", doc.get("text", doc.get("content", "")))
             doc_id = doc.get("id") or meta.get("doc_uri") or meta.get("id")
-            out.append({"text": text, "id": doc_id} if doc_id is not None else {"text": text})
+            item = {"text": text, "id": doc_id} if doc_id is not None else {"text": text}
+            parent = doc.get("parent_id") or meta.get("parent_id")
+            if parent is not None:  # the document a chunk belongs to (parent-grain metrics)
+                item["parent_id"] = parent
+            out.append(item)
     return out
 
 

@@ -44,13 +44,22 @@ Semantics
   float, bool) raises ``ValueError`` rather than silently returning garbage.
 * **Output shape.** Every metric returns a ``float64`` array of shape
   ``(n_queries,)``, also for zero queries.
+
+Parents
+-------
+The kernels know nothing of documents and their chunks: the parent grain is
+the same kernels on lists collapsed to parents by the caller (each parent
+once, at the rank of its first chunk; see ``retrieval_metrics``), which is
+what trec_eval computes on the collapsed run and qrels. :func:`pollution` is
+the one kernel that reads the uncollapsed parents, since what it measures is
+how much of the list the collapse removes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from numbers import Integral
 
 import numpy as np
@@ -61,6 +70,7 @@ __all__ = [
     "average_precision",
     "hit_rate",
     "ndcg",
+    "pollution",
     "precision",
     "recall",
     "reciprocal_rank",
@@ -389,3 +399,45 @@ def ndcg(rr: RankedRelevance, k: int) -> np.ndarray:
     idcg = ideal @ _discounts(ideal.shape[1])
     with np.errstate(divide="ignore", invalid="ignore"):
         return _finish(rr, dcg / idcg)
+
+
+def pollution(parents: Sequence[Sequence[str]], k: int) -> np.ndarray:
+    """Share of the top-k retrieved slots holding a chunk of a parent already seen higher up.
+
+    Such a slot repeats a document the reader already has, so it crowds out a new one; a
+    repeated id counts too (its parent is seen again). The denominator is the number of
+    slots actually retrieved within the top k, ``min(k, len(list))``: a short list is not
+    made to look clean by empty slots that hold nothing to repeat. Lower is better.
+
+    Args:
+        parents: Per query, the parent of each retrieved id in rank order (``None`` is an
+            empty list).
+        k: Cutoff rank, int >= 1.
+
+    Returns:
+        Pollution in [0, 1) per query; NaN for an empty list (no slot to pollute).
+
+    Raises:
+        TypeError: If a list is a bare string.
+    """
+    k = _check_k(k)
+    lists = []
+    for r in parents:
+        if r is None:
+            r = ()
+        elif isinstance(r, (str, bytes)):
+            raise TypeError("each retrieved entry must be a sequence of parent ids, got a string")
+        lists.append(r)
+    n = len(lists)
+    slots = np.minimum(np.fromiter(map(len, lists), dtype=np.int64, count=n), k)
+    first = np.zeros(n, dtype=np.int64)  # slots holding their parent's first chunk
+    if slots.sum():
+        flat = np.empty(int(slots.sum()), dtype=object)
+        flat[:] = list(chain.from_iterable(islice(r, k) for r in lists))
+        q = np.repeat(np.arange(n, dtype=np.int64), slots)
+        # One (query, parent) key per slot: np.unique's first indices are the first chunks.
+        codes, uniques = pd.factorize(flat)
+        _, first_at = np.unique(q * max(len(uniques), 1) + codes, return_index=True)
+        first = np.bincount(q[first_at], minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ((slots - first) / slots).astype(np.float64)
