@@ -47,7 +47,14 @@ from mlflow_rag_eval.judges.cache import JudgeCache
 from mlflow_rag_eval.judges.chat import ChatBackend, ChatRequest
 from mlflow_rag_eval.judges.embedding import model_files_sha256, resolve_model_path
 from mlflow_rag_eval.judges.parsing import ReplyParseError, extract_json, inline_refs
-from mlflow_rag_eval.judges.prompts import PROMPTS, PROMPTS_VERSION, data_block, passages_block, render
+from mlflow_rag_eval.judges.prompts import (
+    PROMPTS,
+    PROMPTS_VERSION,
+    PromptTemplate,
+    data_block,
+    passages_block,
+    render,
+)
 from mlflow_rag_eval.judges.pool import RowPool
 from mlflow_rag_eval.judges.settings import LLMSettings
 from mlflow_rag_eval.judges.transport import Transport
@@ -64,6 +71,7 @@ class LLMJudge(Judge):
             "extract_claims", "verify", "extract_and_verify", "rate_relevance", "similarity",
             "generate_questions", "is_abstention", "grade",
             "complete",  # raw and structured completions for adapters (ragas, deepeval)
+            "fill",  # templates outside the judge's own set (golden-set synthesis)
         }
     )
 
@@ -163,10 +171,10 @@ class LLMJudge(Judge):
             messages=messages, schema=schema, structured=self._transport.use_schema,
         )
 
-    def _ask(self, template_id: str, blocks: dict[str, str], variables: dict[str, Any],
+    def _ask(self, template_id: str | PromptTemplate, blocks: dict[str, str], variables: dict[str, Any],
              check: Callable[[Any], None] | None = None) -> Any:
         """A validated reply for one template, or a JudgeFailure (returned, not raised)."""
-        template = PROMPTS[template_id]
+        template = PROMPTS[template_id] if isinstance(template_id, str) else template_id
         messages = render(template, **blocks)
         schema = inline_refs(template.schema.model_json_schema())
         self.usage_.add(templates=template.ref)
@@ -241,6 +249,18 @@ class LLMJudge(Judge):
     async def acomplete(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         """:meth:`complete` on the judge's bounded pool, for async callers."""
         return await self._rows.run(self.complete, messages, **kwargs)
+
+    def fill(self, template: PromptTemplate,
+             items: Sequence[tuple[dict[str, str], dict[str, Any]]]) -> list[Outcome[BaseModel]]:
+        """One validated reply of ``template.schema`` per ``(blocks, variables)`` item, for a
+        template outside the judge's own set (golden-set synthesis, :mod:`mlflow_rag_eval.golden`).
+
+        The same path as every primitive: cache keyed on the template's id, version and sha256,
+        transport retries, one corrective retry, each row contained. Such templates are not part
+        of :data:`PROMPTS_VERSION`: they never change a verdict, so they must not move the
+        fingerprint that calibration records and the gate pair on.
+        """
+        return self._map(lambda item: self._ask(template, item[0], item[1]), list(items))
 
     # -- primitives ---------------------------------------------------------------------------
     def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:

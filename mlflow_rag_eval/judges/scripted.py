@@ -9,7 +9,13 @@ lexical rules, so examples run offline and give plausible numbers:
 - a passage is relevant when it shares at least two content words with the question (or
   reference);
 - an answer abstains / is noncommittal when it says it does not know;
-- generated questions restate each claim of the answer as "What about: <claim>?".
+- generated questions restate each claim of the answer as "What about: <claim>?";
+- golden-set templates (:mod:`mlflow_rag_eval.golden`): a question is a passage's most
+  informative sentence (the next one for a later variant, the second one per passage for a
+  two-passage question) with its key span (a number, else a name, else its last content word)
+  blanked out, and the reference is that sentence (two of them for a two-passage question);
+  an unanswerable question asks for an aspect from a fixed list, in turn, about the passages'
+  topic; a question is answerable when a passage holds at least 60% of its content words.
 
 A *script* overrides any template: ``{template_id: reply}`` where a reply is a string (sent
 as the raw reply text), a dict (sent as JSON), a ``ChatReply``, an exception instance (raised:
@@ -86,8 +92,74 @@ def _default(template: str, v: Mapping[str, Any]) -> dict[str, Any]:
     if template == "is_abstention":
         hit = _ABSTAIN.search(v["answer"]) or not v["answer"].strip()
         return {"abstains": bool(hit), "reason": "says it does not know" if hit else "answers"}
+    if template.startswith("golden_"):
+        return _golden(template, v)
     if template == "grade":
         return {"steps": ["scripted"], "score": (v["low"] + v["high"]) / 2, "reason": "scripted midpoint"}
+    raise KeyError(f"the scripted backend has no rule for template {template!r}")
+
+
+# Aspects an unanswerable question asks about: generic, so most corpora do not cover them; the
+# answerability check drops the ones a corpus does (as it would an LLM's mistaken question).
+_ASPECTS = (
+    "the carbon footprint", "the policy on pets", "the annual maintenance budget",
+    "the rules for drones", "the name of the founding engineer", "the wifi password",
+    "the parking charges", "the rules for cryptocurrency payments",
+)
+_NAME = re.compile(r"(?<!^)(?<![.!?] )\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+
+
+def _key_sentence(text: str, pick: int = 0) -> str | None:
+    """A passage's ``pick``-th most informative sentence (most content words; numbers first)."""
+    sentences = [s for s in split_sentences(text) if len(content_tokens(s)) >= 4]
+    ranked = sorted(sentences, key=lambda s: (not numbers(s), -len(content_tokens(s))))
+    return ranked[pick % len(ranked)] if ranked else None
+
+
+def _blank(sentence: str) -> str:
+    """The sentence with its key span replaced by ``___``."""
+    number = re.search(r"(?:[€$£]\s?)?(?<![\w.])\d+(?:[.,:]\d+)*(?:\s?%)?", sentence)
+    name = _NAME.search(sentence)
+    if number:
+        span = number.span()
+    elif name:
+        span = name.span()
+    else:
+        words = list(re.finditer(r"[A-Za-z]{4,}", sentence))
+        span = words[-1].span() if words else (len(sentence), len(sentence))
+    return (sentence[: span[0]] + "___" + sentence[span[1]:]).rstrip(".")
+
+
+def _topic(title: str, text: str) -> str:
+    head = (title or "").split(":")[0].strip().lower()
+    return head or " ".join(content_tokens(text)[:2])
+
+
+def _golden(template: str, v: Mapping[str, Any]) -> dict[str, Any]:
+    passages, titles = v.get("passages", []), v.get("titles") or [""] * len(v.get("passages", []))
+    variant = int(v.get("variant", 0))
+    if template == "golden_single":
+        sentence = _key_sentence(passages[0], variant)
+        if sentence is None:
+            return {"question": "", "reference": "", "topic": ""}
+        return {"question": f'What completes "{_blank(sentence)}"?', "reference": sentence,
+                "topic": _topic(titles[0], passages[0])}
+    if template == "golden_multi":
+        # the second-best sentences: the best ones are what one-passage questions ask about
+        first, second = (_key_sentence(p, variant + 1) for p in passages[:2])
+        if first is None or second is None:
+            return {"question": "", "reference": "", "topic": ""}
+        return {"question": f'What completes "{_blank(first)}", and "{_blank(second)}"?',
+                "reference": f"{first} {second}", "topic": _topic(titles[0], passages[0])}
+    if template == "golden_unanswerable":
+        topic = _topic(titles[0], passages[0])
+        aspect = _ASPECTS[(int(v.get("ordinal", 0)) + variant) % len(_ASPECTS)]
+        return {"question": f"What is {aspect} for {topic}?", "topic": topic}
+    if template == "golden_answerable":
+        words = content_tokens(v["question"].replace("___", " "))
+        best = max((sum(w in set(content_tokens(p)) for w in words) / len(words) for p in passages),
+                   default=0.0) if words else 0.0
+        return {"answerable": best >= 0.6, "reason": f"{best:.0%} of the question's words in one passage"}
     raise KeyError(f"the scripted backend has no rule for template {template!r}")
 
 

@@ -1,0 +1,134 @@
+"""A generated golden set, versioned in MLflow under its digest.
+
+:func:`log_golden_set` records, in the experiment:
+
+- a run named ``golden set: <name>``, tagged ``rag_eval.golden_set=<name>`` and
+  ``rag_eval.dataset_digest=<digest>`` (the digest every evaluation on the set logs, so a search
+  on that tag lists the set beside the runs evaluated on it; the gate only ever reads runs
+  tagged ``rag_eval.evaluated``), with the set as a dataset input (context ``golden_set``,
+  MLflow's dataset digest = ours), the rows as ``rag_eval/golden_set.jsonl``, the drop report
+  as ``rag_eval/golden_set_report.json`` and on the run's description, the generator as params
+  and the kept/dropped counts as metrics;
+- where the tracking store supports them (a database store: sqlite, PostgreSQL, ...), an MLflow
+  evaluation dataset of the same name, linked to the experiment, tagged with the digest, one
+  record per row (inputs ``question``; expectations ``expected_response``, ``relevant_ids``,
+  ``answerable``; tags ``question_type``, ``difficulty``, ``tags``). A file store has none: the
+  run and its artifact are the record there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+from mlflow_rag_eval.golden.generate import DROP_REASONS, QUESTION_TYPES, GoldenSet
+
+__all__ = ["GOLDEN_SET_FILE", "GOLDEN_SET_REPORT_FILE", "GOLDEN_SET_TAG", "LoggedGoldenSet", "log_golden_set"]
+
+GOLDEN_SET_FILE = "rag_eval/golden_set.jsonl"
+GOLDEN_SET_REPORT_FILE = "rag_eval/golden_set_report.json"
+GOLDEN_SET_TAG = "rag_eval.golden_set"
+
+
+@dataclass(frozen=True)
+class LoggedGoldenSet:
+    """Where a golden set went. ``dataset_id``: the MLflow evaluation dataset, None on a store
+    without them (a file store)."""
+
+    name: str
+    digest: str
+    run_id: str
+    experiment_id: str
+    artifact_uri: str
+    dataset_id: str | None
+
+
+def _experiment_id(experiment_id: str | None) -> str:
+    if experiment_id is not None:
+        return str(experiment_id)
+    from mlflow.tracking.fluent import _get_experiment_id
+
+    return _get_experiment_id() or "0"
+
+
+def log_golden_set(golden: GoldenSet, name: str = "golden-set", *, experiment_id: str | None = None,
+                   client: MlflowClient | None = None) -> LoggedGoldenSet:
+    """Log ``golden`` in the experiment (default: the active one); see the module docstring."""
+    import mlflow.data
+
+    client = client or MlflowClient()
+    experiment_id = _experiment_id(experiment_id)
+    digest = golden.digest
+    report = golden.report
+    run = client.create_run(experiment_id, run_name=f"golden set: {name}", tags={
+        GOLDEN_SET_TAG: name,
+        "rag_eval.dataset_digest": digest,
+        "mlflow.note.content": f"Golden set {name!r}, digest {digest}, {len(golden.rows)} rows.\n\n"
+                               f"```\n{report.to_text()}\n```",
+    })
+    run_id = run.info.run_id
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows_path = golden.to_jsonl(Path(tmp) / Path(GOLDEN_SET_FILE).name)
+            report_path = Path(tmp) / Path(GOLDEN_SET_REPORT_FILE).name
+            report_path.write_text(json.dumps({"name": name, "digest": digest, "generator": golden.generator,
+                                               **report.as_dict()}, indent=2, ensure_ascii=False))
+            client.log_artifact(run_id, str(rows_path), "rag_eval")
+            client.log_artifact(run_id, str(report_path), "rag_eval")
+        artifact_uri = f"{run.info.artifact_uri.rstrip('/')}/{GOLDEN_SET_FILE}"
+        with warnings.catch_warnings():  # MLflow warns that two source types claim an artifact URI
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_pandas(golden.to_frame(), source=artifact_uri, name=name, digest=digest)
+        client.log_inputs(run_id, datasets=[DatasetInput(
+            dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "golden_set")])])
+        counts = report.drop_counts()
+        metrics = [("golden_set/n_rows", len(golden.rows))]
+        metrics += [(f"golden_set/kept/{k}", report.kept[k]) for k in QUESTION_TYPES]
+        metrics += [(f"golden_set/dropped/{r}", sum(counts.get(r, {}).values())) for r in DROP_REASONS]
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), 0, 0) for k, v in metrics],
+            params=[Param(f"golden.{k}", json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+                    for k, v in golden.generator.items()],
+            tags=[RunTag("rag_eval.golden_set_rows", str(len(golden.rows)))],
+        )
+        dataset_id = _evaluation_dataset(golden, name, digest, experiment_id, run_id)
+        if dataset_id:
+            client.set_tag(run_id, "rag_eval.evaluation_dataset_id", dataset_id)
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return LoggedGoldenSet(name, digest, run_id, experiment_id, artifact_uri, dataset_id)
+
+
+def _evaluation_dataset(golden: GoldenSet, name: str, digest: str, experiment_id: str, run_id: str) -> str | None:
+    """An MLflow evaluation dataset with the rows, or None where the store has no such thing."""
+    from mlflow.genai.datasets import create_dataset
+
+    try:
+        dataset = create_dataset(name=name, experiment_id=[experiment_id],
+                                 tags={"rag_eval.dataset_digest": digest, "rag_eval.golden_set_run": run_id})
+    except (MlflowException, NotImplementedError) as exc:
+        # A file store (here, or behind a tracking server) has no evaluation datasets; anything
+        # else is a real error and is raised.
+        if isinstance(exc, NotImplementedError) or re.search(r"file ?store|filesystem", str(exc), re.I):
+            return None
+        raise
+    dataset.merge_records([
+        {"inputs": {"question": r.question},
+         "expectations": {"expected_response": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable},
+         "tags": {"question_type": r.metadata.question_type, "difficulty": r.metadata.difficulty,
+                  "tags": ",".join(r.metadata.tags)}}
+        for r in golden.rows
+    ])
+    return dataset.dataset_id
