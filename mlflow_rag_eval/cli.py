@@ -357,5 +357,6 @@ def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experi
         if experiment:
             mlflow.set_experiment(experiment)
         logged = log_golden_set(golden, log_as)
-        where = f"evaluation dataset {logged.dataset_id}" if logged.dataset_id else "no evaluation dataset (file store)"
-        click.echo(f"logged as {log_as!r}: run {logged.run_id}, {where}")
+        where = (f"MLflow evaluation dataset {logged.dataset_id}" if logged.dataset_id
+                 else f"run {logged.run_id} (this store has no evaluation datasets)")
+        click.echo(f"logged as {log_as!r}: {where}")

@@ -152,22 +152,22 @@ def test_replies_are_cached_under_the_template(passages, tmp_path):
 
 
 def test_logged_set_and_runs_on_it_share_one_digest(golden, tracking_uri):
-    client = mlflow.MlflowClient()
-    logged = log_golden_set(golden, "northwind")
-    run = client.get_run(logged.run_id)
-    assert run.data.tags["rag_eval.dataset_digest"] == golden.digest == logged.digest
-    (dataset_input,) = run.inputs.dataset_inputs
-    assert dataset_input.dataset.digest == golden.digest and dataset_input.dataset.name == "northwind"
-    assert run.data.metrics["golden_set/n_rows"] == len(golden.rows)
-    rows = [json.loads(line) for line in
-            open(mlflow.artifacts.download_artifacts(run_id=logged.run_id, artifact_path="rag_eval/golden_set.jsonl"))]
-    assert rows == golden.to_dicts()
-    # sqlite holds MLflow evaluation datasets: one record per row, tagged with the digest
     from mlflow.genai.datasets import get_dataset
 
+    logged = log_golden_set(golden, "northwind")
+    assert logged.digest == golden.digest and logged.run_id is None  # sqlite holds evaluation datasets
     dataset = get_dataset(dataset_id=logged.dataset_id)
-    assert dataset.tags["rag_eval.dataset_digest"] == golden.digest
-    assert len(dataset.to_df()) == len(golden.rows)
+    assert dataset.name == "northwind" and dataset.tags["rag_eval.dataset_digest"] == golden.digest
+    assert json.loads(dataset.tags["rag_eval.dropped"]) == golden.report.drop_counts()
+    assert mlflow.get_experiment_by_name("tests").experiment_id in dataset.experiment_ids
+    records = dataset.to_df()
+    assert sorted(records["inputs"].map(lambda x: x["question"])) == sorted(r.question for r in golden.rows)
+    by_question = {r.question: r for r in golden.rows}
+    for inputs, expectations, tags in zip(records["inputs"], records["expectations"], records["tags"]):
+        row = by_question[inputs["question"]]
+        assert expectations == {"expected_response": row.reference, "relevant_ids": row.relevant_ids,
+                                "answerable": row.answerable}
+        assert tags["question_type"] == row.metadata.question_type
 
     # An evaluation on the set (static answers: the reference, or an abstention) names the digest.
     frame = golden.to_frame()
@@ -177,7 +177,8 @@ def test_logged_set_and_runs_on_it_share_one_digest(golden, tracking_uri):
     with mlflow.start_run() as eval_run:
         mlflow.models.evaluate(data=frame, model_type="rag", evaluators="rag",
                                evaluator_config={"judge": "scripted", "metrics": ["hit@5"]})
-    assert client.get_run(eval_run.info.run_id).data.params["rag_eval.dataset_digest"] == golden.digest
+    params = mlflow.MlflowClient().get_run(eval_run.info.run_id).data.params
+    assert params["rag_eval.dataset_digest"] == golden.digest
 
 
 def test_cli_writes_the_set_and_refuses_a_judge_that_cannot_write(tmp_path):
@@ -194,15 +195,23 @@ def test_cli_writes_the_set_and_refuses_a_judge_that_cannot_write(tmp_path):
     assert refused.exit_code == 2 and "cannot write questions" in refused.output
 
 
-def test_a_file_store_keeps_the_run_and_artifact_without_an_evaluation_dataset(golden, tmp_path, monkeypatch):
+def test_a_file_store_keeps_a_run_with_the_set_as_input_and_artifact(golden, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.17 refuses file stores otherwise
     mlflow.set_tracking_uri(f"file://{tmp_path / 'mlruns'}")
     try:
         logged = log_golden_set(golden, "northwind", experiment_id="0")
-        run = mlflow.MlflowClient().get_run(logged.run_id)
+        client = mlflow.MlflowClient()
+        run = client.get_run(logged.run_id)
+        rows_file = client.download_artifacts(logged.run_id, "rag_eval/golden_set.jsonl", str(tmp_path))
+        report_file = client.download_artifacts(logged.run_id, "rag_eval/golden_set_report.json", str(tmp_path))
     finally:
         mlflow.set_tracking_uri(None)
     assert logged.dataset_id is None
     assert run.data.tags["rag_eval.dataset_digest"] == golden.digest and run.info.status == "FINISHED"
-    assert run.inputs.dataset_inputs[0].dataset.digest == golden.digest
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == golden.digest and dataset_input.dataset.name == "northwind"
+    assert run.data.metrics["golden_set/n_rows"] == len(golden.rows)
+    assert [json.loads(line) for line in open(rows_file)] == golden.to_dicts()
+    report = json.load(open(report_file))
+    assert report["digest"] == golden.digest and len(report["drops"]) == len(golden.report.drops)

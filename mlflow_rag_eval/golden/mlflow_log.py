@@ -1,19 +1,22 @@
 """A generated golden set, versioned in MLflow under its digest.
 
-:func:`log_golden_set` records, in the experiment:
+:func:`log_golden_set` records the set in the experiment in one of two ways, by what the
+tracking store can hold:
 
-- a run named ``golden set: <name>``, tagged ``rag_eval.golden_set=<name>`` and
-  ``rag_eval.dataset_digest=<digest>`` (the digest every evaluation on the set logs, so a search
-  on that tag lists the set beside the runs evaluated on it; the gate only ever reads runs
-  tagged ``rag_eval.evaluated``), with the set as a dataset input (context ``golden_set``,
-  MLflow's dataset digest = ours), the rows as ``rag_eval/golden_set.jsonl``, the drop report
-  as ``rag_eval/golden_set_report.json`` and on the run's description, the generator as params
-  and the kept/dropped counts as metrics;
-- where the tracking store supports them (a database store: sqlite, PostgreSQL, ...), an MLflow
-  evaluation dataset of the same name, linked to the experiment, tagged with the digest, one
-  record per row (inputs ``question``; expectations ``expected_response``, ``relevant_ids``,
-  ``answerable``; tags ``question_type``, ``difficulty``, ``tags``). A file store has none: the
-  run and its artifact are the record there.
+- a database store (sqlite, PostgreSQL, ...): an **MLflow evaluation dataset** named after the
+  set, linked to the experiment (the experiment's Datasets page lists it), one record per row
+  (inputs ``question``; expectations ``expected_response``, ``relevant_ids``, ``answerable``;
+  tags ``question_type``, ``difficulty``, ``tags``), tagged with the digest, the generator
+  and the drop counts. ``mlflow.genai.evaluate(data=dataset)`` reads it back as it is.
+- a file store (no evaluation datasets there): a **run** named ``golden set: <name>`` with the
+  set as a dataset input (context ``golden_set``, MLflow's dataset digest = ours), the rows as
+  ``rag_eval/golden_set.jsonl``, the drop report as ``rag_eval/golden_set_report.json``, the
+  generator as params and the kept/dropped counts as metrics.
+
+Not both: MLflow's Evaluation runs page lists every run of the experiment that logged no
+model, so a run for the set would sit among the evaluations as one more "evaluation" with no
+figures. Either way the record carries ``rag_eval.dataset_digest``, the digest every
+evaluation on the set logs, which ``compare`` and the gate pair runs on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow import MlflowClient
-from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities import DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -41,15 +44,15 @@ GOLDEN_SET_TAG = "rag_eval.golden_set"
 
 @dataclass(frozen=True)
 class LoggedGoldenSet:
-    """Where a golden set went. ``dataset_id``: the MLflow evaluation dataset, None on a store
-    without them (a file store)."""
+    """Where a golden set went: an MLflow evaluation dataset (``dataset_id``), or on a store
+    without them, a run (``run_id``) with the rows at ``artifact_uri``."""
 
     name: str
     digest: str
-    run_id: str
     experiment_id: str
-    artifact_uri: str
-    dataset_id: str | None
+    dataset_id: str | None = None
+    run_id: str | None = None
+    artifact_uri: str | None = None
 
 
 def _experiment_id(experiment_id: str | None) -> str:
@@ -63,15 +66,33 @@ def _experiment_id(experiment_id: str | None) -> str:
 def log_golden_set(golden: GoldenSet, name: str = "golden-set", *, experiment_id: str | None = None,
                    client: MlflowClient | None = None) -> LoggedGoldenSet:
     """Log ``golden`` in the experiment (default: the active one); see the module docstring."""
-    import mlflow.data
-
     client = client or MlflowClient()
     experiment_id = _experiment_id(experiment_id)
-    digest = golden.digest
+    dataset_id = _evaluation_dataset(golden, name, experiment_id)
+    if dataset_id is not None:
+        return LoggedGoldenSet(name, golden.digest, experiment_id, dataset_id=dataset_id)
+    return _golden_set_run(golden, name, experiment_id, client)
+
+
+def _summary_tags(golden: GoldenSet) -> dict[str, str]:
     report = golden.report
+    return {
+        "rag_eval.dataset_digest": golden.digest,
+        "rag_eval.golden_set_rows": str(len(golden.rows)),
+        "rag_eval.generator": json.dumps(golden.generator, sort_keys=True),
+        "rag_eval.kept": json.dumps(report.kept),
+        "rag_eval.dropped": json.dumps(report.drop_counts(), sort_keys=True),
+        "rag_eval.unused": json.dumps(report.unused),
+    }
+
+
+def _golden_set_run(golden: GoldenSet, name: str, experiment_id: str, client: MlflowClient) -> LoggedGoldenSet:
+    import mlflow.data
+
+    digest, report = golden.digest, golden.report
     run = client.create_run(experiment_id, run_name=f"golden set: {name}", tags={
         GOLDEN_SET_TAG: name,
-        "rag_eval.dataset_digest": digest,
+        **_summary_tags(golden),
         "mlflow.note.content": f"Golden set {name!r}, digest {digest}, {len(golden.rows)} rows.\n\n"
                                f"```\n{report.to_text()}\n```",
     })
@@ -99,25 +120,20 @@ def log_golden_set(golden: GoldenSet, name: str = "golden-set", *, experiment_id
             metrics=[Metric(k, float(v), 0, 0) for k, v in metrics],
             params=[Param(f"golden.{k}", json.dumps(v) if isinstance(v, (list, dict)) else str(v))
                     for k, v in golden.generator.items()],
-            tags=[RunTag("rag_eval.golden_set_rows", str(len(golden.rows)))],
         )
-        dataset_id = _evaluation_dataset(golden, name, digest, experiment_id, run_id)
-        if dataset_id:
-            client.set_tag(run_id, "rag_eval.evaluation_dataset_id", dataset_id)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
-    return LoggedGoldenSet(name, digest, run_id, experiment_id, artifact_uri, dataset_id)
+    return LoggedGoldenSet(name, digest, experiment_id, run_id=run_id, artifact_uri=artifact_uri)
 
 
-def _evaluation_dataset(golden: GoldenSet, name: str, digest: str, experiment_id: str, run_id: str) -> str | None:
+def _evaluation_dataset(golden: GoldenSet, name: str, experiment_id: str) -> str | None:
     """An MLflow evaluation dataset with the rows, or None where the store has no such thing."""
     from mlflow.genai.datasets import create_dataset
 
     try:
-        dataset = create_dataset(name=name, experiment_id=[experiment_id],
-                                 tags={"rag_eval.dataset_digest": digest, "rag_eval.golden_set_run": run_id})
+        dataset = create_dataset(name=name, experiment_id=[experiment_id], tags=_summary_tags(golden))
     except (MlflowException, NotImplementedError) as exc:
         # A file store (here, or behind a tracking server) has no evaluation datasets; anything
         # else is a real error and is raised.
