@@ -8,7 +8,7 @@ Routes into MLflow:
 - :func:`rag_metrics` — ``extra_metrics`` for MLflow's default evaluator;
 - :func:`rag_scorers` — scorers for ``mlflow.genai.evaluate``.
 Building blocks: :func:`evaluate_records`, :func:`get_judge`, :func:`rubric`,
-:func:`compare_runs`; extension points: :func:`register_metric`, :func:`register_judge_provider`.
+:func:`compare_runs`, :func:`compute_slices` (per-slice results); extension points: :func:`register_metric`, :func:`register_judge_provider`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "ColumnMapping",
     "RagRecord",
     "compare_runs",
+    "compute_slices",
     "evaluate_records",
     "get_judge",
     "rag_metrics",
@@ -42,6 +43,7 @@ _WHERE = {
     "register_metric": "mlflow_rag_eval.metrics",
     "rubric": "mlflow_rag_eval.metrics",
     "compare_runs": "mlflow_rag_eval.comparison",
+    "compute_slices": "mlflow_rag_eval.slices",
 }
 
 

@@ -10,6 +10,13 @@ and for when a CI is not computable.
 Two runs are comparable only on the same dataset digest, judge fingerprint and prompts
 version; otherwise :class:`NotComparable` is raised, unless the caller explicitly allows the
 change — then every result carries a loud warning.
+
+When both runs were sliced by the same field (:mod:`mlflow_rag_eval.slices`), each slice of it
+shows the two runs' slice means and their difference (:class:`SliceDelta`), read from the runs'
+``rag_eval/slices.json``. That difference is of the two means, each over the rows the run scored
+in the slice: it is not paired and has no CI (the table does not say which slice a row is in),
+so it shows where a change happened; the paired per-metric deltas above it say whether the
+change is real. A value only one run has is shown with the other side empty.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ import pandas as pd
 
 from mlflow_rag_eval import stats
 from mlflow_rag_eval.keys import metric_key, metrics_in_columns, score_column
+from mlflow_rag_eval.slices import load_slices
 from mlflow_rag_eval.text_table import text_table
 
 __all__ = [
-    "Comparison", "EvaluatedRun", "MetricDelta", "NotComparable", "compare_evaluations", "compare_runs",
-    "load_evaluation", "paired_scores",
+    "Comparison", "EvaluatedRun", "MetricDelta", "NotComparable", "SliceDelta", "compare_evaluations",
+    "compare_runs", "load_evaluation", "paired_scores", "slice_deltas",
 ]
 
 #: the p-value under which the Wilcoxon test gives a verdict when no CI is computable
@@ -47,6 +55,8 @@ class EvaluatedRun:
     params: dict[str, str]
     table: pd.DataFrame
     greater_is_better: dict[str, bool]
+    #: the run's ``rag_eval/slices.json`` (None when it was not sliced)
+    slices: dict[str, Any] | None = None
 
     @property
     def identity(self) -> dict[str, str | None]:
@@ -85,7 +95,7 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
             lineage = json.load(f)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
     directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
-    return EvaluatedRun(run_id, dict(run.data.params), frame, directions)
+    return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client))
 
 
 def paired_scores(a: EvaluatedRun, b: EvaluatedRun, metric: str,
@@ -137,6 +147,47 @@ class MetricDelta:
         return None if self.ci_low is None else f"[{self.ci_low:+.3f}, {self.ci_high:+.3f}]"
 
 
+@dataclass(frozen=True)
+class SliceDelta:
+    """One metric on one slice of both runs: each run's slice mean (over the rows it scored in
+    the slice) and ``mean_b - mean_a``; not paired, no CI (see the module docstring)."""
+
+    field: str
+    value: str
+    metric: str
+    n_a: int | None  # scored rows of the slice in A (None: A has no such slice)
+    n_b: int | None
+    mean_a: float | None
+    mean_b: float | None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.mean_a is None or self.mean_b is None else self.mean_b - self.mean_a
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "delta": self.delta}
+
+
+def slice_deltas(a: EvaluatedRun, b: EvaluatedRun, metrics: list[str]) -> list[SliceDelta]:
+    """Per field both runs were sliced by, per value either run has, per metric of ``metrics``:
+    the two slice means (from the runs' ``rag_eval/slices.json``)."""
+    fields_a = (a.slices or {}).get("fields", {})
+    fields_b = (b.slices or {}).get("fields", {})
+    out = []
+    for name in [f for f in fields_a if f in fields_b]:
+        slices_a, slices_b = fields_a[name]["slices"], fields_b[name]["slices"]
+        for value in sorted({*slices_a, *slices_b}):
+            for metric in metrics:
+                sa = slices_a.get(value, {}).get("metrics", {}).get(metric)
+                sb = slices_b.get(value, {}).get("metrics", {}).get(metric)
+                if sa is None and sb is None:
+                    continue
+                out.append(SliceDelta(name, value, metric, None if sa is None else sa["n_scored"],
+                                      None if sb is None else sb["n_scored"], (sa or {}).get("mean"),
+                                      (sb or {}).get("mean")))
+    return out
+
+
 @dataclass
 class Comparison:
     run_a: str
@@ -146,13 +197,18 @@ class Comparison:
     n_rows_a: int
     n_rows_b: int
     warnings: list[str] = field(default_factory=list)
+    #: per-slice means of both runs, on the fields both were sliced by
+    slices: list[SliceDelta] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "run_a": self.run_a, "run_b": self.run_b, "n_shared_rows": self.n_shared_rows,
             "n_rows_a": self.n_rows_a, "n_rows_b": self.n_rows_b, "warnings": self.warnings,
             "metrics": [{**d.__dict__, "verdict": d.verdict} for d in self.deltas],
         }
+        if self.slices:
+            out["slices"] = [s.as_dict() for s in self.slices]
+        return out
 
     def to_text(self) -> str:
         lines = [f"A = {self.run_a}   B = {self.run_b}   shared rows: {self.n_shared_rows} "
@@ -163,7 +219,14 @@ class Comparison:
         lines.append(text_table(["metric", "n", "A", "B", "B-A", "95% CI of B-A", "Wilcoxon p", "verdict"], rows,
                                 align="<>>>>>><"))
         missing = [f"{d.metric}: no CI ({d.ci_missing})" for d in self.deltas if d.ci_missing and d.n_pairs]
-        return "\n".join(lines + missing)
+        lines += missing
+        if self.slices:
+            lines += ["", "per slice (the difference of the two slice means: not paired, no CI):"]
+            rows = [[s.field, s.value, s.metric, s.n_a, s.n_b, _fmt(s.mean_a), _fmt(s.mean_b),
+                     _fmt(s.delta, signed=True)] for s in self.slices]
+            lines.append(text_table(["field", "value", "metric", "n A", "n B", "A", "B", "B-A"], rows,
+                                    align="<<<>>>>>"))
+        return "\n".join(lines)
 
     def to_html(self) -> str:
         from mlflow_rag_eval.report._templates import render
@@ -203,7 +266,8 @@ def compare_evaluations(a: EvaluatedRun, b: EvaluatedRun, *, allow_judge_change:
         d = stats.paired_delta(sa, sb, n_resamples=n_boot, seed=seed)
         deltas.append(MetricDelta(metric, d.n, d.mean_a, d.mean_b, d.delta, d.ci_low, d.ci_high, d.p_value,
                                   a.greater_is_better.get(metric, True), d.ci_missing))
-    return Comparison(a.run_id, b.run_id, deltas, n_pairs, len(keys_a), len(keys_b), warnings)
+    return Comparison(a.run_id, b.run_id, deltas, n_pairs, len(keys_a), len(keys_b), warnings,
+                      slice_deltas(a, b, [d.metric for d in deltas]))
 
 
 def calibration_warnings(client, a: EvaluatedRun, b: EvaluatedRun, metrics: list[str]) -> list[str]:

@@ -84,7 +84,7 @@ def _lines(checks) -> list[str]:
     from mlflow_rag_eval.gate.checks import table
 
     out = [f"  {line}" for line in table(checks).splitlines()]
-    out += [f"      -> {c.metric} {c.kind}: {c.reason}" for c in checks if c.reason]
+    out += [f"      -> {c.metric} {c.label}: {c.reason}" for c in checks if c.reason]
     return out
 
 
@@ -116,12 +116,20 @@ def _metrics_of(source: Any, client=None) -> dict[str, float]:
 
 def assert_metrics_meet(run_id_or_metrics: Any, policy, *, client=None) -> None:
     """Fail unless the metrics meet the policy's required metrics, row counts, error rate,
-    floors and ceilings (no champion, no calibration: those need :func:`gate`)."""
+    floors and ceilings (no champion, no calibration: those need :func:`gate`). Per-slice limits
+    are read from a run's ``rag_eval/slices.json``: given metrics alone, they fail (a mapping
+    holds no slices)."""
     __tracebackhide__ = True
     from mlflow_rag_eval.gate import load_policy
-    from mlflow_rag_eval.gate.checks import metric_checks
+    from mlflow_rag_eval.gate.checks import metric_checks, slice_checks
 
-    checks = metric_checks(_metrics_of(run_id_or_metrics, client), load_policy(policy))
+    policy = load_policy(policy)
+    checks = metric_checks(_metrics_of(run_id_or_metrics, client), policy)
+    if policy.slice_floors or policy.slice_ceilings:
+        from mlflow_rag_eval.slices import load_slices
+
+        slices = load_slices(run_id_or_metrics, client) if isinstance(run_id_or_metrics, str) else None
+        checks += slice_checks(slices, policy)
     failed = [c for c in checks if not c.passed]
     if failed:
         raise AssertionError("\n".join(

@@ -757,3 +757,54 @@ def test_the_decision_table_is_the_shared_text_table():
     assert header.index("result") == first.index("FAIL") == second.index("ok")
     assert first.split() == ["faithfulness", "floor", "mean", "0.7100", "0.8500", "-0.1200", "FAIL"]
     assert second.split() == ["ndcg_at_10", "regression", "-", "-0.0200", "-", "ok"]
+
+
+# -- per-slice limits, end to end ------------------------------------------------------------------
+def _sliced_version(name: str, *, bad_hard: bool, slice_by=("difficulty",)) -> tuple[str, str]:
+    """A registered version evaluated on retrieval metrics (no judge) with a ``difficulty``
+    column: every third row is hard; ``bad_hard`` ranks the relevant passage last on those."""
+    data = _predictions()
+    data["difficulty"] = ["hard" if i % 3 == 0 else "easy" for i in range(N)]
+    if bad_hard:
+        data["contexts"] = [[*DISTRACTORS, c[0]] if i % 3 == 0 else c for i, c in enumerate(data.contexts)]
+    version, model_id = _register(name)
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", model_id=model_id,
+                               evaluator_config={"metrics": ["mrr", "hit@5"], "slice_by": list(slice_by),
+                                                 "log_traces": False})
+    return version, run.info.run_id
+
+
+SLICED_POLICY = {"require_metrics": ["mrr"], "min_scored_rows": 5, "max_error_rate": 0.0,
+                 "slice_floors": {"difficulty": {"*": {"mrr/mean": 0.5}, "hard": {"mrr/mean": 0.9}}},
+                 "max_regression": {"mrr": 1.0}, "calibration": {"required": False}}
+
+
+def test_per_slice_floors_decide_the_gate(registry):
+    version, _ = _sliced_version("sliced", bad_hard=False)
+    first = gate("sliced", version, SLICED_POLICY)
+    assert first.passed, first.to_text()
+    assert {(c.slice, c.kind) for c in first.checks if c.slice} == {
+        (s, k) for s in ("difficulty=easy", "difficulty=hard") for k in ("min_scored_rows", "floor mean")}
+    assert {c.threshold for c in first.checks if c.kind == "floor mean"} == {0.5, 0.9}  # hard: the named floor
+
+    worse, run_id = _sliced_version("sliced", bad_hard=True)
+    decision = gate("sliced", worse, SLICED_POLICY)
+    assert decision.exit_code == 1
+    (failed,) = decision.failed_checks  # easy still passes; the run's mean and regression too
+    assert (failed.metric, failed.label) == ("mrr", "floor mean [difficulty=hard]")
+    assert failed.reason == f"mrr/mean on slice difficulty=hard = {1 / 3:.3f} < floor 0.9 (n=5)"
+    assert failed.delta is None  # the run's paired delta is not the slice's
+    assert next(c for c in decision.checks if c.kind == "min_scored_rows" and not c.slice).delta is not None
+    assert "floor mean [difficulty=hard]" in decision.to_text()
+    logged = _decision_json(registry, run_id)
+    assert {c["slice"] for c in logged["checks"]} == {"", "difficulty=easy", "difficulty=hard"}
+    assert str(registry.get_model_version_by_alias("sliced", "champion").version) == version
+
+
+def test_a_per_slice_floor_fails_a_run_that_was_not_sliced(registry):
+    version, _ = _sliced_version("unsliced", bad_hard=False, slice_by=())
+    decision = gate("unsliced", version, SLICED_POLICY, record=False)
+    assert decision.exit_code == 1
+    assert {c.slice for c in decision.failed_checks} == {"difficulty=*", "difficulty=hard"}
+    assert all("the run was not sliced by 'difficulty' (sliced by: none)" in c.reason for c in decision.failed_checks)

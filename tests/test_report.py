@@ -235,6 +235,35 @@ def test_report_is_self_contained_and_escapes_user_text(sample):
     assert "Content-Security-Policy" in html
 
 
+def test_report_has_a_per_slice_table_only_when_sliced(sample):
+    import dataclasses
+
+    from mlflow_rag_eval.slices import compute_slices
+
+    result, lin, unsliced = sample
+    assert 'id="slices"' not in unsliced
+    records = [dataclasses.replace(r, metadata={"difficulty": None if i % 10 == 9 else ("hard" if i % 3 else XSS)})
+               for i, r in enumerate(result.records)]
+    sliced = dataclasses.replace(result, records=records)
+    slices = compute_slices(sliced, ["difficulty"])
+    html = render_report(sliced, lin, slices=slices)
+    section = html[html.index('<h2 id="slices">'):html.index("<h2>Score distributions")]
+    assert "<h3>difficulty</h3>" in section and XSS not in section and XSS_ESCAPED in section
+    assert "6 row(s) have no difficulty and are in no slice of it." in section
+    rows = re.findall(r"<tr><td>(.*?)</td><td class=\"num\">(\d+)</td>(.*?)</tr>", section, re.S)
+    assert [(value, int(n)) for value, n, _ in rows] == [(XSS_ESCAPED, 18), ("hard", 36)]
+    for (_, _, shown), s in zip(rows, slices.fields[0].slices):
+        cells = re.findall(r'<td class="num">(.*?)</td>', shown, re.S)
+        assert len(cells) == len(result.metrics)  # one cell per metric, in the summary's order
+        for cell, m in zip(cells, result.metrics):
+            summary = s.summaries[m.key]
+            assert cell.startswith(f"{summary.mean:.3f} ")
+            assert f"({summary.ci_low:.3f} – {summary.ci_high:.3f})" in cell
+            errors = f'<span class="err">{summary.n_error}</span>' if summary.n_error else "<span>0</span>"
+            assert cell.endswith(errors)
+    assert slices.fields[0].slices[0].summaries["faithfulness"].n_error == 1  # row 3's ParseError
+
+
 def test_report_has_a_histogram_per_metric_and_the_quadrant(sample):
     result, _, html = sample
     assert re.findall(r'<svg id="(hist-[^"]+)"', html) == [f"hist-{m.key}" for m in result.metrics]

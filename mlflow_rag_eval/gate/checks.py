@@ -1,7 +1,8 @@
 """The gate's checks, as pure functions of logged metrics, a paired comparison and calibrations.
 
 Each check is one row of the decision table: which metric, what kind of check, the value seen,
-the threshold, and whether it passed. A failed check carries a one-line reason.
+the threshold, and whether it passed. A failed check carries a one-line reason. A per-slice
+check names its slice (``difficulty=hard``), shown beside its kind.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow_rag_eval import stats
-from mlflow_rag_eval.gate.policy import GatePolicy
-from mlflow_rag_eval.keys import display_name, split_aggregate_key
+from mlflow_rag_eval.gate.policy import EVERY_SLICE, GatePolicy
+from mlflow_rag_eval.keys import display_name, is_slice_key, split_aggregate_key
 from mlflow_rag_eval.text_table import text_table
 
-__all__ = ["Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "table"]
+__all__ = [
+    "Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "slice_checks", "table",
+]
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,12 @@ class Check:
     reason: str = ""  # why it failed (empty when it passed)
     delta: float | None = None  # paired delta vs the champion (direction-adjusted), when compared
     detail: str = ""  # CI and p of the delta, calibration figures...
+    slice: str = ""  # ``<field>=<value>`` of a per-slice check (empty for the whole run)
+
+    @property
+    def label(self) -> str:
+        """The kind, with the slice of a per-slice check: ``floor mean [difficulty=hard]``."""
+        return f"{self.kind} [{self.slice}]" if self.slice else self.kind
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -48,7 +57,7 @@ def _fmt(value: Any) -> str:
 def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Check]:
     """Required metrics present, scored rows, error rate, floors and ceilings, per gated metric."""
     checks: list[Check] = []
-    logged = sorted({k.rsplit("/", 1)[0] for k in metrics if k.endswith("/n_scored")})
+    logged = sorted({k.rsplit("/", 1)[0] for k in metrics if k.endswith("/n_scored") and not is_slice_key(k)})
     for metric in policy.gated_metrics:
         n_scored = metrics.get(f"{metric}/n_scored")
         if n_scored is None:
@@ -82,15 +91,92 @@ def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Chec
                 continue  # reported once, as a missing required metric
             value = metrics.get(key)
             if value is None:
-                why = "no row scored" if not metrics[f"{metric}/n_scored"] else (
-                    "the CI is not computable: fewer than 2 scored rows, or all of them equal"
-                    if stat in ("ci_low", "ci_high") else "not in the run's metrics")
+                why = _why_missing(stat, metrics[f"{metric}/n_scored"])
                 checks.append(Check(metric, f"{kind} {stat}", None, threshold, False, f"{key} was not logged ({why})"))
                 continue
             ok = value >= threshold if kind == "floor" else value <= threshold
             sign = "<" if kind == "floor" else ">"
             checks.append(Check(metric, f"{kind} {stat}", value, threshold, ok,
                                 "" if ok else f"{key} = {value:.3f} {sign} {kind} {threshold:g}"))
+    return checks
+
+
+def _why_missing(stat: str, n_scored: int) -> str:
+    if not n_scored:
+        return "no row scored"
+    if stat in ("ci_low", "ci_high"):
+        return "the CI is not computable: fewer than 2 scored rows, or all of them equal"
+    return "not in the run's metrics"
+
+
+def _slice_targets(by_value: Mapping[str, dict[str, float]],
+                   logged: Mapping[str, Any] | None) -> list[tuple[str, dict[str, float]]]:
+    """(value, limits) to check on one field: ``*`` becomes every slice the run has (a named
+    value's limits replacing ``*``'s for the same key); ``*`` stays itself where there is no
+    slice to expand it to, and so does a named value the run lacks, to be reported missing."""
+    every = by_value.get(EVERY_SLICE)
+    named = {v: limits for v, limits in by_value.items() if v != EVERY_SLICE}
+    if every is None or logged is None or not logged:
+        return list(by_value.items())
+    expanded = [(v, {**every, **named.get(v, {})}) for v in logged]
+    return expanded + [(v, limits) for v, limits in named.items() if v not in logged]
+
+
+def slice_checks(slices: Mapping[str, Any] | None, policy: GatePolicy) -> list[Check]:
+    """The policy's per-slice limits against a run's ``rag_eval/slices.json`` (None: the run
+    was not sliced): per limited slice and metric, its scored rows, then each limit.
+
+    Nothing passes by absence (see :mod:`mlflow_rag_eval.gate.policy`): a field the run was not
+    sliced by, a value it has no slice of, ``*`` on a field without slices, a statistic the slice
+    could not compute. A metric the run did not evaluate is left to :func:`metric_checks`, which
+    reports it once as missing.
+    """
+    checks: list[Check] = []
+    fields = (slices or {}).get("fields", {})
+    sliced_by = ", ".join((slices or {}).get("slice_by", [])) or "none"
+    minimum = policy.min_slice_rows
+    counted: set[tuple[str, str]] = set()  # (slice, metric) whose rows were checked
+    for limits_by_field, kind in ((policy.slice_floors, "floor"), (policy.slice_ceilings, "ceiling")):
+        for field, by_value in limits_by_field.items():
+            logged = fields[field]["slices"] if field in fields else None
+            for value, limits in _slice_targets(by_value, logged):
+                where = f"{field}={value}"
+                stats = None if logged is None else logged.get(value)
+                if stats is None:
+                    if logged is None:
+                        why = (f"the run was not sliced by {field!r} (sliced by: {sliced_by}); evaluate it with "
+                               f"slice_by including {field!r}")
+                    elif value == EVERY_SLICE:
+                        why = f"the run has no slice of {field!r}: no row has a value"
+                    else:
+                        why = f"the run has no slice {where} (its values: {', '.join(logged) or 'none'})"
+                    checks += [Check(split_aggregate_key(key)[0], f"{kind} {split_aggregate_key(key)[1]}", "missing",
+                                     threshold, False, f"{key} on slice {where}: {why}", slice=where)
+                               for key, threshold in limits.items()]
+                    continue
+                for key, threshold in limits.items():
+                    metric, stat = split_aggregate_key(key)
+                    figures = stats["metrics"].get(metric)
+                    if figures is None:
+                        continue  # not evaluated: reported once, as a missing required metric
+                    n_scored = int(figures["n_scored"])
+                    if (where, metric) not in counted:
+                        counted.add((where, metric))
+                        ok = n_scored >= minimum
+                        checks.append(Check(metric, "min_scored_rows", n_scored, minimum, ok, "" if ok else (
+                            f"{metric} on slice {where}: {n_scored} scored rows < {minimum} "
+                            "(slice_min_scored_rows)"), slice=where))
+                    value_seen = figures.get(stat)
+                    if value_seen is None:
+                        checks.append(Check(metric, f"{kind} {stat}", None, threshold, False,
+                                            f"{key} on slice {where} was not logged ({_why_missing(stat, n_scored)})",
+                                            slice=where))
+                        continue
+                    ok = value_seen >= threshold if kind == "floor" else value_seen <= threshold
+                    sign = "<" if kind == "floor" else ">"
+                    checks.append(Check(metric, f"{kind} {stat}", value_seen, threshold, ok, "" if ok else (
+                        f"{key} on slice {where} = {value_seen:.3f} {sign} {kind} {threshold:g} "
+                        f"(n={n_scored})"), slice=where))
     return checks
 
 
@@ -187,6 +273,6 @@ def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePoli
 
 def table(checks: list[Check]) -> str:
     """The checks as a fixed-width text table (the decision's, as printed)."""
-    rows = [[c.metric, c.kind, _fmt(c.value), _fmt(c.threshold), None if c.delta is None else f"{c.delta:+.4f}",
+    rows = [[c.metric, c.label, _fmt(c.value), _fmt(c.threshold), None if c.delta is None else f"{c.delta:+.4f}",
              "ok" if c.passed else "FAIL"] for c in checks]
     return text_table(["metric", "check", "value", "threshold", "Δ vs champion", "result"], rows, align="<<>>><")

@@ -14,7 +14,8 @@ Steps of :func:`gate`:
    the same judge is preferred;
 3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
    changed") unless ``allow_judge_change``, which the decision then records;
-4. the checks: metric checks, the paired regression rule vs the champion, calibration;
+4. the checks: metric checks, per-slice limits (read from the candidate's
+   ``rag_eval/slices.json``), the paired regression rule vs the champion, calibration;
 5. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
    ``rag_eval/gate_decisions/``) and ``rag_eval.gate*`` tags on the candidate's evaluation run;
    model-version tags ``rag_eval.gate`` (passed|failed), ``rag_eval.gate_run_id``,
@@ -42,6 +43,7 @@ from mlflow_rag_eval.gate.checks import (
     is_judge_graded,
     metric_checks,
     regression_check,
+    slice_checks,
     table,
 )
 from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
@@ -103,7 +105,7 @@ class GateDecision:
         ]
         if self.checks:
             lines += ["", table(self.checks)]
-        details = [f"  {c.metric} {c.kind}: {c.detail}" for c in self.checks if c.detail]
+        details = [f"  {c.metric} {c.label}: {c.detail}" for c in self.checks if c.detail]
         if details:
             lines += ["", "details:", *details]
         if self.reasons:
@@ -177,6 +179,8 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
     decision.prompts_versions["candidate"] = identity["prompts version"]
     checks = metric_checks(candidate_run.data.metrics, policy) + _stored_rows_check(candidate_run)
+    if policy.slice_floors or policy.slice_ceilings:
+        checks += slice_checks(candidate.slices, policy)
     if champion_eval is not None:
         checks = _champion_checks(decision, policy, checks, champion_eval, candidate)
     checks += _calibration_checks(client, policy, identity)
@@ -298,7 +302,8 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
                        for m in policy.max_regression]
     adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
                 for d in comparison.deltas if d.delta is not None}
-    return [c if c.delta is not None or c.metric not in adjusted
+    # A slice's check gets no delta: the run's paired delta is not the slice's.
+    return [c if c.delta is not None or c.slice or c.metric not in adjusted
             else dataclasses.replace(c, delta=adjusted[c.metric]) for c in checks]
 
 

@@ -12,6 +12,13 @@ One YAML file per registered model::
       faithfulness/p10: 0.5
     ceilings:                      # upper limits, for lower-is-better metrics
       false_abstention/mean: 0.1
+    slice_floors:                  # floors per slice: field -> value -> <metric>/<stat>: limit
+      difficulty:
+        hard: {faithfulness/mean: 0.6}
+      tags:
+        "*": {faithfulness/mean: 0.5}   # every slice of the field
+    slice_ceilings: {}             # the same, for lower-is-better metrics
+    slice_min_scored_rows: 10      # per slice with a limit (default: min_scored_rows)
     max_regression:                # largest allowed drop of the paired mean vs the champion
       faithfulness: 0.03
       ndcg@10: 0.02
@@ -19,7 +26,8 @@ One YAML file per registered model::
     calibration: {required: true, min_labels: 50, min_spearman: 0.7}
 
 The *gated metrics* are ``require_metrics`` plus every metric named in ``floors``,
-``ceilings`` and ``max_regression``: a limit on a metric requires it. Row counts, error rate and
+``ceilings``, ``max_regression``, ``slice_floors`` and ``slice_ceilings``: a limit on a metric
+requires it. Row counts, error rate and
 calibration apply to each gated metric. A policy must gate at least one metric: an empty policy
 file (or one of only defaults) would pass any version, regressions included, so it is refused.
 
@@ -51,6 +59,23 @@ Why ``point`` by default: golden sets are small (tens to a few hundred rows) and
 CI of a paired mean is often wider than any useful tolerance, so ``ci_low`` would refuse an
 unchanged pipeline. The tolerance is the noise budget; the CI and p shown beside it tell a
 reviewer whether a refused drop is real or noise.
+
+Per-slice limits (``slice_floors``, ``slice_ceilings``) apply to a run evaluated with
+``slice_by`` (:mod:`mlflow_rag_eval.slices`) and are read from its ``rag_eval/slices.json``:
+
+* a field is a ``slice_by`` field; a value is a slice label as the slicing writes it (a YAML
+  number or boolean key is read as that label: ``3`` -> ``"3"``, ``true`` -> ``"True"``);
+* ``"*"`` is every slice of the field the run has; a named value's limits replace ``"*"``'s
+  for the same ``<metric>/<stat>``, and ``"*"``'s other limits still apply to it;
+* nothing passes by absence: a limit on a field the run was not sliced by, on a value the run
+  has no slice of, or ``"*"`` on a field with no slice at all, is a failed check, as is a
+  statistic the slice could not compute (no scored row, a CI of one row). A metric the run did
+  not evaluate is reported once, as a missing required metric;
+* each slice with a limit must have ``slice_min_scored_rows`` scored rows of the metric
+  (default: ``min_scored_rows``), for the reason given above: slices are smaller than the run,
+  and a floor on a handful of rows decides on noise. A policy that means to limit small slices
+  says so (``slice_min_scored_rows: 10``); the check reports n either way. Slices are not
+  checked for their error rate: the run's ``max_error_rate`` bounds every metric's.
 
 Metric names are typed as users know them (``ndcg@10``) and stored as MLflow keys
 (``ndcg_at_10``, see :mod:`mlflow_rag_eval.keys`). Every metric of this package scores rows in
@@ -84,7 +109,7 @@ from pydantic import (
     model_validator,
 )
 
-from mlflow_rag_eval.keys import AGGREGATES, aggregate_key, display_name, is_namespaced, metric_key
+from mlflow_rag_eval.keys import AGGREGATES, aggregate_key, display_name, is_namespaced, is_slice_key, metric_key
 
 __all__ = [
     "CalibrationRequirement", "GatePolicy", "PolicyError", "RegressionTest", "SCHEMA_FILE", "load_policy",
@@ -117,6 +142,13 @@ _Limits = Annotated[
     dict[Annotated[str, StringConstraints(pattern=_AGGREGATE)], _Unit],
     Field(default_factory=dict, json_schema_extra={"additionalProperties": False}),
 ]
+_SliceLimits = Annotated[
+    dict[str, dict[str, Annotated[dict[Annotated[str, StringConstraints(pattern=_AGGREGATE)], _Unit],
+                                   Field(json_schema_extra={"additionalProperties": False})]]],
+    Field(default_factory=dict),
+]
+#: in slice_floors / slice_ceilings, the value that stands for every slice of a field
+EVERY_SLICE = "*"
 
 
 class _Strict(BaseModel):
@@ -168,6 +200,13 @@ class GatePolicy(_Strict):
     ceilings: _Limits = Field(description="Upper limits, for lower-is-better metrics: <metric>/<stat>: value.")
     max_regression: Annotated[dict[str, _Unit], Field(default_factory=dict)] = Field(
         description="Largest allowed drop of the paired mean vs the champion, per metric.")
+    slice_floors: _SliceLimits = Field(
+        description="Lower limits per slice: <slice_by field>: <value or *>: <metric>/<stat>: value.")
+    slice_ceilings: _SliceLimits = Field(
+        description="Upper limits per slice, for lower-is-better metrics: <field>: <value or *>: <metric>/<stat>: "
+                    "value.")
+    slice_min_scored_rows: Annotated[int, Strict(), Field(ge=0)] | None = Field(
+        None, description="Fewest scored rows of a slice with a limit (default: min_scored_rows).")
     regression_test: RegressionTest = RegressionTest()
     calibration: CalibrationRequirement = CalibrationRequirement()
 
@@ -187,18 +226,46 @@ class GatePolicy(_Strict):
     @classmethod
     def _as_keys(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
         """Metric names as MLflow keys: ``ndcg@10/mean`` -> ``ndcg_at_10/mean``."""
-        out: dict[str, float] = {}
-        seen: dict[str, str] = {}
-        for name, limit in value.items():
-            if info.field_name == "max_regression":
-                key = metric_key(name)
-            else:
-                metric, _, stat = name.rpartition("/")
-                key = aggregate_key(metric, stat)
-            if key in seen:
-                raise PolicyError(f"{info.field_name}.{name}", f"the same limit as {seen[key]} ({key})")
-            seen[key], out[key] = name, limit
+        return _limit_keys(value, info.field_name, aggregates=info.field_name != "max_regression")
+
+    @field_validator("slice_floors", "slice_ceilings", mode="before")
+    @classmethod
+    def _slice_names(cls, value: Any, info: ValidationInfo) -> Any:
+        """Fields and values as text (values as the slicing labels them), limits named
+        <metric>/<stat> on the right side."""
+        from mlflow_rag_eval.slices import slice_label
+
+        if not isinstance(value, Mapping):
+            return value
+        out: dict[str, Any] = {}
+        for field, by_value in value.items():
+            field = str(field)
+            if not field.strip():
+                raise PolicyError(f"{info.field_name}.{field}", "name a slice_by field")
+            if not isinstance(by_value, Mapping):
+                out[field] = by_value  # reported by the type check
+                continue
+            out[field] = {}
+            for label, limits in by_value.items():
+                label = label if isinstance(label, str) else slice_label(label)
+                where = f"{info.field_name}.{field}.{label}"
+                if label in out[field]:
+                    raise PolicyError(where, "the same slice twice")
+                if isinstance(limits, Mapping):
+                    limits = {str(k): v for k, v in limits.items()}
+                    for name in limits:
+                        _check_limit_name(name, f"{where}.{name}", floors=info.field_name == "slice_floors",
+                                          under="slice_")
+                out[field][label] = limits
         return out
+
+    @field_validator("slice_floors", "slice_ceilings")
+    @classmethod
+    def _slice_keys(cls, value: dict[str, dict[str, dict[str, float]]], info: ValidationInfo):
+        """Metric names as MLflow keys, as in floors and ceilings."""
+        return {field: {label: _limit_keys(limits, f"{info.field_name}.{field}.{label}")
+                        for label, limits in by_value.items()}
+                for field, by_value in value.items()}
 
     @field_validator("require_metrics")
     @classmethod
@@ -219,14 +286,32 @@ class GatePolicy(_Strict):
         keys = list(self.require_metrics)
         keys += [k.rsplit("/", 1)[0] for k in (*self.floors, *self.ceilings)]
         keys += list(self.max_regression)
+        keys += [k.rsplit("/", 1)[0] for by_field in (self.slice_floors, self.slice_ceilings)
+                 for by_value in by_field.values() for limits in by_value.values() for k in limits]
         return list(dict.fromkeys(keys))
 
     def as_dict(self) -> dict[str, Any]:
+        """The policy with defaults filled; the slice keys only when set, so that the hash of a
+        policy without slices is what it was before slices existed."""
         out = self.model_dump(mode="python")
         out["require_metrics"] = list(self.require_metrics)
         for name in ("floors", "ceilings", "max_regression"):
             out[name] = dict(sorted(getattr(self, name).items()))
+        for name in ("slice_floors", "slice_ceilings"):
+            if out[name]:
+                out[name] = {f: {v: dict(sorted(limits.items())) for v, limits in sorted(by_value.items())}
+                             for f, by_value in sorted(out[name].items())}
+            else:
+                del out[name]
+        if out["slice_min_scored_rows"] is None:
+            del out["slice_min_scored_rows"]
         return out
+
+    @property
+    def min_slice_rows(self) -> int:
+        """Fewest scored rows of a slice with a limit: ``slice_min_scored_rows``, else
+        ``min_scored_rows``."""
+        return self.min_scored_rows if self.slice_min_scored_rows is None else self.slice_min_scored_rows
 
     @property
     def policy_hash(self) -> str:
@@ -247,17 +332,37 @@ def _direction(name: str) -> bool | None:
         return None
 
 
-def _check_limit_name(name: str, item: str, *, floors: bool) -> None:
+def _limit_keys(value: dict[str, float], where: str, *, aggregates: bool = True) -> dict[str, float]:
+    """Limits keyed by MLflow keys (``ndcg@10/mean`` -> ``ndcg_at_10/mean``; a metric name
+    alone when not ``aggregates``); two names of one key are refused."""
+    out: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    for name, limit in value.items():
+        if aggregates:
+            metric, _, stat = name.rpartition("/")
+            key = aggregate_key(metric, stat)
+        else:
+            key = metric_key(name)
+        if key in seen:
+            raise PolicyError(f"{where}.{name}", f"the same limit as {seen[key]} ({key})")
+        seen[key], out[key] = name, limit
+    return out
+
+
+def _check_limit_name(name: str, item: str, *, floors: bool, under: str = "") -> None:
     metric, sep, stat = name.rpartition("/")
     if not sep or not metric:
         raise PolicyError(item, f"name an aggregate as <metric>/<stat>, stat one of {list(STATS)}")
+    if is_slice_key(name):
+        raise PolicyError(item, "a slice's limit goes under slice_floors / slice_ceilings: "
+                                "<field>: <value>: <metric>/<stat>")
     if stat not in STATS:
         raise PolicyError(item, f"unknown statistic {stat!r}; one of {list(STATS)}")
     greater_is_better = _direction(metric)
     if floors and greater_is_better is False:
-        raise PolicyError(item, f"{metric} is lower-is-better: put its limit under ceilings")
+        raise PolicyError(item, f"{metric} is lower-is-better: put its limit under {under}ceilings")
     if not floors and greater_is_better is True:
-        raise PolicyError(item, f"{metric} is higher-is-better: put its limit under floors")
+        raise PolicyError(item, f"{metric} is higher-is-better: put its limit under {under}floors")
 
 
 def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePolicy:

@@ -13,7 +13,10 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
 - ``log_traces``: log one trace per row with its assessments (default true; false for runs too
   large to browse row by row: the metrics, table and report are logged either way);
 - ``max_error_rate``: the evaluation fails (:class:`ErrorRateExceeded`, after logging, so the
-  run keeps the evidence) when a metric's share of failed rows is above it (default: none).
+  run keeps the evidence) when a metric's share of failed rows is above it (default: none);
+- ``slice_by``: a list of fields, each a column of the data or a key of the ``metadata``
+  column's dicts: the run also gets every metric's statistics per value of each field
+  (:mod:`mlflow_rag_eval.slices`). Checked on the data before the pipeline runs.
 
 Every evaluation ends with a summary on stderr: per metric, rows scored, failed (the most
 common error kinds with an example) and not applicable; a warning when any row failed.
@@ -50,11 +53,13 @@ from mlflow_rag_eval.records import (
     records_from_frame,
     validate_inputs,
 )
+from mlflow_rag_eval.slices import attach_columns, check_frame, check_slice_by, slice_members
 
 __all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
 
 MODEL_TYPE = "rag"
-CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate"})
+CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
+                         "slice_by"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -115,8 +120,11 @@ class RagEvaluator(ModelEvaluator):
             or not 0 <= max_error_rate <= 1
         ):
             raise ValueError(f"evaluator_config['max_error_rate'] must be a number in [0, 1], got {max_error_rate!r}")
+        slice_by = check_slice_by(config.get("slice_by"), "evaluator_config['slice_by']")
 
         frame = _dataset_frame(dataset)
+        if slice_by:  # slices are of the golden rows: fields the pipeline outputs are not among them
+            check_frame(frame, slice_by, mapping.metadata)
         available = {"answer", "contexts"} | {
             field
             for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
@@ -143,10 +151,14 @@ class RagEvaluator(ModelEvaluator):
             )
         # Everything below the validation line is judged and logged; nothing above it is.
         records = records_from_frame(frame, mapping)
+        if slice_by:
+            records = attach_columns(records, frame, slice_by)
+            slice_members(records, slice_by)  # a value that is no slice label costs no judge call
         result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
-            result, run_id, client, model_id=model_id, log_traces=log_traces, pipeline_traces=pipeline_traces
+            result, run_id, client, model_id=model_id, log_traces=log_traces, pipeline_traces=pipeline_traces,
+            slice_by=slice_by,
         )
         # After logging: a failed evaluation keeps its evidence on the run.
         announce(result, max_error_rate=max_error_rate)

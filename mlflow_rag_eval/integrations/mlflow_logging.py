@@ -21,7 +21,13 @@ What a run holds after an evaluation (one evaluation per run):
   settings, never credentials;
 - ``rag_eval/worst_rows.json``: per metric, the bottom decile with reasons and evidence;
 - ``rag_eval/report.html``: a self-contained page (distributions, the retrieval-vs-generation
-  quadrant, the worst rows, the lineage) that the MLflow UI's artifact viewer shows.
+  quadrant, the worst rows, the per-slice table, the lineage) that the MLflow UI's artifact
+  viewer shows;
+- only when the evaluation was sliced (``slice_by``, :mod:`mlflow_rag_eval.slices`): param
+  ``rag_eval.slice_by`` (the fields, as a JSON list), metrics
+  ``<metric>/slice/<field>/<value>/<stat>`` (the same statistics as the run's, on the slice's
+  rows; key segments as :mod:`mlflow_rag_eval.keys` makes them) and ``rag_eval/slices.json``
+  (every slice's figures by field and value, which compare and the gate read).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -44,9 +51,10 @@ from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
 from mlflow_rag_eval.judges.prompts import PROMPTS
 from mlflow_rag_eval.report import render_report, worst_rows
+from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 
 __all__ = [
-    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
+    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "SLICES_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
     "assert_run_is_fresh", "lineage", "log_evaluation", "log_run_contents",
 ]
 
@@ -150,6 +158,7 @@ def log_evaluation(
     model_id: str | None = None,
     log_traces: bool = True,
     pipeline_traces: list[str | None] | None = None,
+    slice_by: Sequence[str] = (),
 ) -> dict[str, float]:
     """Log the rows as traces with assessments, then the run's contents; return the metrics.
 
@@ -162,8 +171,13 @@ def log_evaluation(
             else: for runs too large to browse row by row.
         pipeline_traces: per row, the trace the pipeline itself produced for it (or None);
             those rows get their assessments on that trace instead of a new one.
+        slice_by: fields of the records' metadata to slice the results by
+            (:mod:`mlflow_rag_eval.slices`); the slices are computed before anything is logged,
+            so a field no row has is refused with the run left empty.
     """
     client = client or MlflowClient()
+    if slice_by:  # an unusable field is refused before a trace is logged, not after
+        slice_members(result.records, check_slice_by(list(slice_by)))
     run = client.get_run(run_id)
     if run.outputs is not None and run.outputs.model_outputs:
         _logger.warning(
@@ -180,7 +194,7 @@ def log_evaluation(
         # does: the Evaluation runs page shows it, and the model's page lists the run.
         client.log_inputs(run_id, models=[LoggedModelInput(model_id=model_id)])
         tags = {"rag_eval.model_id": model_id, **(tags or {})}
-    return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids)
+    return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, slice_by=slice_by)
 
 
 def _calibration_tags(calibration: dict[str, str | None]) -> dict[str, str]:
@@ -204,13 +218,18 @@ def log_run_contents(
     tags: dict[str, str] | None = None,
     trace_ids: list[str] | None = None,
     skip_metrics: frozenset[str] = frozenset(),
+    slice_by: Sequence[str] = (),
 ) -> dict[str, float]:
     """Aggregates, params, tags, the per-row table, lineage, worst rows and report; returns
-    the aggregates. ``skip_metrics``: keys another writer logs (MLflow's genai harness logs
-    the aggregations it computed itself), left out here so no metric is logged twice."""
+    the aggregates (with the slices' when sliced). ``skip_metrics``: keys another writer logs
+    (MLflow's genai harness logs the aggregations it computed itself), left out here so no
+    metric is logged twice. ``slice_by``: see :func:`log_evaluation`."""
     client = client or MlflowClient()
     judge = result.judge
-    metrics = result.aggregates()
+    slice_by = check_slice_by(list(slice_by) if slice_by else None)
+    # Computed first: a field no row has, or too many values, is refused before anything is logged.
+    slices = compute_slices(result, slice_by) if slice_by else None
+    metrics = {**result.aggregates(), **(slices.as_metrics() if slices else {})}
     now = int(time.time() * 1000)
     result.calibration = calibration_records(client, [m.key for m in result.metrics], judge.fingerprint,
                                              judge.prompts_version)
@@ -221,6 +240,8 @@ def log_run_contents(
         "rag_eval.metrics": ",".join(m.name for m in result.metrics),
         "rag_eval.dataset_digest": result.dataset_digest,
     }
+    if slices:
+        params[SLICE_BY_PARAM] = json.dumps(list(slice_by), ensure_ascii=False)
     tags = {
         MLFLOW_RUN_TYPE: MLFLOW_RUN_TYPE_GENAI_EVALUATE,
         MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id),
@@ -247,5 +268,7 @@ def log_run_contents(
     worst = worst_rows(result)
     # log_dict indents, which turns off the C JSON encoder: 3x slower on 10k rows.
     client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)
-    client.log_text(run_id, render_report(result, lineage_doc, worst=worst), REPORT_FILE)
+    if slices:
+        client.log_text(run_id, slices.to_json(), SLICES_FILE)
+    client.log_text(run_id, render_report(result, lineage_doc, worst=worst, slices=slices), REPORT_FILE)
     return metrics

@@ -23,12 +23,21 @@ lineage, worst rows and report (:mod:`~mlflow_rag_eval.integrations.mlflow_loggi
 ``compare`` and the gate accept the run. MLflow aggregates only metrics with at least one
 value: if every row of every rag metric failed, the run holds the per-row errors on its
 traces and MLflow's failure summary, but no ``rag_eval`` contents.
+
+``rag_scorers(..., slice_by=[...])`` slices the run (:mod:`mlflow_rag_eval.slices`) by keys of
+the data rows' ``tags`` (``{"inputs": ..., "tags": {"difficulty": "hard"}}``), which MLflow
+puts on each row's trace: they are read from the stored traces when the run's contents are
+written, after every row is scored. A row without the tag is in no slice of it. A field no row
+has is reported as an error and the run is written without slices (MLflow would swallow the
+exception, and the run's other contents would be lost with it), so a gate's per-slice limit
+then fails on the missing slices.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import threading
 import time
@@ -45,6 +54,7 @@ from mlflow_rag_eval.judges import Judge, JudgeInfo
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.results import MetricResult, RowResult, summarize
+from mlflow_rag_eval.slices import check_slice_by, slice_members
 from mlflow_rag_eval.suite import ALL_FIELDS, prepare_suite
 
 _logger = logging.getLogger(__name__)
@@ -130,6 +140,8 @@ class RagScorer(Scorer):
     _metric: Metric = PrivateAttr()
     _judge: Judge | None = PrivateAttr(default=None)
     _position: int = PrivateAttr(default=0)
+    #: keys of the rows' tags the run is sliced by
+    _slice_by: tuple[str, ...] = PrivateAttr(default=())
 
     def __init__(self, metric: Metric, judge: Judge | None, **kwargs):
         super().__init__(name=metric.key, aggregations=[_aggregation(s, metric.key) for s in _STATS],
@@ -191,6 +203,8 @@ class _RunRows:
     seconds: dict[str, float] = field(default_factory=dict)
     #: scorer calls MLflow made without a trace: MLflow failed to store the row's trace
     traceless: int = 0
+    #: the fields the scorers slice by (keys of the rows' tags)
+    slice_by: tuple[str, ...] = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -228,6 +242,7 @@ def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None
         row["fields"] |= fields
         row["results"][result.name] = result.rows[0]
         run.metrics.setdefault(result.name, (scorer._position, result, judge))
+        run.slice_by = tuple(dict.fromkeys((*run.slice_by, *scorer._slice_by)))
         if scorer._judge is not None:
             run.judges.setdefault(judge.fingerprint, scorer._judge)
         run.seconds[result.name] = run.seconds.get(result.name, 0.0) + seconds
@@ -274,6 +289,8 @@ def _write(run_id: str, run: _RunRows) -> None:
     judge_info = judges[0] if judges else no_judge()
     judge = run.judges.get(judge_info.fingerprint)
     fields = set().union(*(r["fields"] for r in rows)) if rows else set()
+    stored = _stored_traces(client, run_id)
+    records, slice_by = _with_slice_tags(run_id, records, trace_ids, stored, run.slice_by)
     result = EvaluationResult(
         records=records, metrics=metrics, judge=judge_info, dataset_digest=dataset_digest(records),
         timings=dict(run.seconds), judge_usage=judge.usage() if judge is not None else {},
@@ -285,10 +302,11 @@ def _write(run_id: str, run: _RunRows) -> None:
     )
     model_ids = {r["model_id"] for r in rows if r["model_id"]}
     tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}
-    lost = _lost_rows(client, run_id, result, trace_ids, traceless=run.traceless // max(len(metrics), 1))
+    lost = _lost_rows(stored, result, trace_ids, traceless=run.traceless // max(len(metrics), 1))
     if lost:
         tags[LOST_ROWS_TAG] = str(lost)
-    log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow)
+    log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow,
+                     slice_by=slice_by)
     announce(result)
     if lost:
         _logger.error(
@@ -299,37 +317,74 @@ def _write(run_id: str, run: _RunRows) -> None:
         )
 
 
-def _lost_rows(client, run_id: str, result, trace_ids: list[str], *, traceless: int) -> int:
-    """Rows whose trace or Feedback did not reach the store: the scorers saw no trace, or the
-    stored trace lacks a Feedback a metric returned for it."""
+def _stored_traces(client, run_id: str) -> dict[str, Any]:
+    """The run's traces as the store holds them (trace id -> TraceInfo, without spans)."""
     run = client.get_run(run_id)
-    stored: dict[str, set[str]] = {}
+    stored: dict[str, Any] = {}
     token = None
     while True:
         page = client.search_traces(locations=[run.info.experiment_id], run_id=run_id, include_spans=False,
                                     max_results=500, page_token=token)
         for trace in page:
-            stored[trace.info.trace_id] = {a.name for a in trace.info.assessments or []}
+            stored[trace.info.trace_id] = trace.info
         token = page.token
         if not token:
             break
+    return stored
+
+
+def _with_slice_tags(run_id: str, records: list[RagRecord], trace_ids: list[str], stored: dict[str, Any],
+                     slice_by: tuple[str, ...]) -> tuple[list[RagRecord], tuple[str, ...]]:
+    """The records with their rows' tags named in ``slice_by`` in their metadata, and the
+    fields to slice by: none when a field is unusable (said loudly; see the module docstring)."""
+    if not slice_by:
+        return records, ()
+    out = []
+    for record, trace_id in zip(records, trace_ids):
+        info = stored.get(trace_id)
+        tags = dict(info.tags or {}) if info is not None else {}
+        out.append(dataclasses.replace(record, metadata={**record.metadata,
+                                                         **{f: tags[f] for f in slice_by if f in tags}}))
+    try:
+        slice_members(out, slice_by)
+    except ValueError as exc:  # RecordError is one too
+        _logger.error("run %s: cannot slice by %s: %s; the run is written without slices", run_id,
+                      json.dumps(list(slice_by)), exc)
+        return records, ()
+    return out, slice_by
+
+
+def _lost_rows(stored: dict[str, Any], result, trace_ids: list[str], *, traceless: int) -> int:
+    """Rows whose trace or Feedback did not reach the store: the scorers saw no trace, or the
+    stored trace lacks a Feedback a metric returned for it."""
     lost = traceless
     for i, trace_id in enumerate(trace_ids):
         expected = {m.key for m in result.metrics if m.rows[i].status != "skipped"}
-        if trace_id not in stored or not expected <= stored[trace_id]:
+        names = {a.name for a in stored[trace_id].assessments or []} if trace_id in stored else None
+        if names is None or not expected <= names:
             lost += 1
     return lost
 
 
-def rag_scorer(metric: str | Metric, judge: str | Judge | None = None) -> RagScorer:
+def rag_scorer(metric: str | Metric, judge: str | Judge | None = None, *,
+               slice_by: list[str] | None = None) -> RagScorer:
     """A genai scorer for any registered metric (``faithfulness``, ``ndcg@10``, a rubric...)."""
-    (scorer,) = rag_scorers([metric], judge)
+    (scorer,) = rag_scorers([metric], judge, slice_by=slice_by)
     return scorer
 
 
-def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None) -> list[RagScorer]:
+def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
+                slice_by: list[str] | None = None) -> list[RagScorer]:
     """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
     as on every route: an unknown name, a missing extra or a metric the judge cannot perform
-    is refused now, not turned into an error on every row."""
+    is refused now, not turned into an error on every row.
+
+    Args:
+        slice_by: keys of the data rows' ``tags`` to slice the run by (see the module docstring).
+    """
+    slice_by = check_slice_by(slice_by, "slice_by")
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
-    return [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]
+    scorers = [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]
+    for scorer in scorers:
+        scorer._slice_by = slice_by
+    return scorers

@@ -136,6 +136,29 @@ def _worst(result: EvaluationResult, worst: dict[str, Any]) -> list[dict[str, An
     return blocks
 
 
+def _slices(slices) -> list[dict[str, Any]]:
+    """Per sliced field, a row per value: its rows and each metric's mean, CI and errors (the
+    figures :mod:`mlflow_rag_eval.slices` computed, which are also logged)."""
+    if slices is None:
+        return []
+    out = []
+    for f in slices.fields:
+        rows = []
+        for s in f.slices:
+            cells = []
+            for key in slices.metrics:
+                m = s.summaries[key]
+                missing = None
+                if m.ci_low is None:
+                    missing = "no scored row" if not m.n_scored else (
+                        "not computable: fewer than 2 scored rows, or all equal")
+                cells.append({"mean": m.mean, "ci_low": m.ci_low, "ci_high": m.ci_high, "ci_missing": missing,
+                              "n_scored": m.n_scored, "n_error": m.n_error})
+            rows.append({"value": s.value, "n_rows": len(s.rows), "cells": cells})
+        out.append({"field": f.field, "n_missing": f.n_missing, "rows": rows})
+    return out
+
+
 def _usage(result: EvaluationResult, lineage: dict[str, Any]) -> list[tuple[str, str]]:
     tiles = []
     for key, value in (lineage.get("usage", result.judge_usage) or {}).items():
@@ -152,6 +175,7 @@ def render_report(
     title: str = "RAG evaluation",
     *,
     worst: dict[str, Any] | None = None,
+    slices=None,
 ) -> str:
     """The evaluation as one self-contained HTML page (no script, no external resource).
 
@@ -159,6 +183,8 @@ def render_report(
         lineage: the dict written as ``rag_eval/judge_lineage.json``
             (:func:`mlflow_rag_eval.integrations.mlflow_logging.lineage`).
         worst: the output of :func:`worst_rows`, when the caller has it already.
+        slices: the run's :class:`~mlflow_rag_eval.slices.SliceTable`, when it was sliced: the
+            page then has a per-slice table (none otherwise).
 
     Sized for 10k rows: the quadrant draws at most 2,000 points and each metric shows at most
     20 worst rows and 20 errors, so the page stays well under 2 MB.
@@ -176,6 +202,8 @@ def render_report(
             "uncalibrated judge: "),
         calibrated=[(k, r) for k, r in result.calibration.items() if r],
         summary=_summary(result),
+        slices=_slices(slices),
+        slice_metrics=[name for name, _ in (slices.metrics.values() if slices is not None else [])],
         distributions=_distributions(result),
         quadrant=_quadrant(result),
         worst=_worst(result, worst),
