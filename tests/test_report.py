@@ -250,12 +250,15 @@ def test_report_has_a_per_slice_table_only_when_sliced(sample):
     section = html[html.index('<h2 id="slices">'):html.index("<h2>Score distributions")]
     assert "<h3>difficulty</h3>" in section and XSS not in section and XSS_ESCAPED in section
     assert "6 row(s) have no difficulty and are in no slice of it." in section
-    rows = re.findall(r"<tr><td>(.*?)</td><td class=\"num\">(\d+)</td>(.*?)</tr>", section, re.S)
-    assert [(value, int(n)) for value, n, _ in rows] == [(XSS_ESCAPED, 18), ("hard", 36)]
-    for (_, _, shown), s in zip(rows, slices.fields[0].slices):
+    header = re.search(r"<tr><th>metric</th>(.*?)</tr>", section, re.S).group(1)
+    columns = re.findall(r'<th class="num">(.*?) <span class="dir">\((\d+) rows\)</span></th>', header)
+    assert [(value, int(n)) for value, n in columns] == [(XSS_ESCAPED, 18), ("hard", 36)]
+    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", section, re.S)
+    assert [name for name, _ in rows] == [m.name for m in result.metrics]  # the summary's order
+    for (_, shown), m in zip(rows, result.metrics):
         cells = re.findall(r'<td class="num">(.*?)</td>', shown, re.S)
-        assert len(cells) == len(result.metrics)  # one cell per metric, in the summary's order
-        for cell, m in zip(cells, result.metrics):
+        assert len(cells) == len(slices.fields[0].slices)  # one cell per slice value
+        for cell, s in zip(cells, slices.fields[0].slices):
             summary = s.summaries[m.key]
             assert cell.startswith(f"{summary.mean:.3f} ")
             assert f"({summary.ci_low:.3f} – {summary.ci_high:.3f})" in cell

@@ -137,16 +137,18 @@ def _worst(result: EvaluationResult, worst: dict[str, Any]) -> list[dict[str, An
 
 
 def _slices(slices) -> list[dict[str, Any]]:
-    """Per sliced field, a row per value: its rows and each metric's mean, CI and errors (the
-    figures :mod:`mlflow_rag_eval.slices` computed, which are also logged)."""
+    """Per sliced field, a column per value (its rows) and a row per metric: the mean, CI and
+    errors on that slice (the figures :mod:`mlflow_rag_eval.slices` computed, which are also
+    logged). Metrics as rows, as in the summary above: a run has a dozen metrics and a field
+    a few values, so the table stays as wide as the page."""
     if slices is None:
         return []
     out = []
     for f in slices.fields:
         rows = []
-        for s in f.slices:
+        for key, (name, _) in slices.metrics.items():
             cells = []
-            for key in slices.metrics:
+            for s in f.slices:
                 m = s.summaries[key]
                 missing = None
                 if m.ci_low is None:
@@ -154,8 +156,9 @@ def _slices(slices) -> list[dict[str, Any]]:
                         "not computable: fewer than 2 scored rows, or all equal")
                 cells.append({"mean": m.mean, "ci_low": m.ci_low, "ci_high": m.ci_high, "ci_missing": missing,
                               "n_scored": m.n_scored, "n_error": m.n_error})
-            rows.append({"value": s.value, "n_rows": len(s.rows), "cells": cells})
-        out.append({"field": f.field, "n_missing": f.n_missing, "rows": rows})
+            rows.append({"name": name, "cells": cells})
+        out.append({"field": f.field, "n_missing": f.n_missing, "rows": rows,
+                    "columns": [{"value": s.value, "n_rows": len(s.rows)} for s in f.slices]})
     return out
 
 
