@@ -85,9 +85,18 @@ def demo(tmp_path_factory):
         os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
         if saved_experiment is not None:
             os.environ["MLFLOW_EXPERIMENT_ID"] = saved_experiment
-    experiment_id = mlflow.MlflowClient(uri).get_experiment_by_name("rag-quickstart").experiment_id
+    client = mlflow.MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("rag-quickstart").experiment_id
+    from mlflow.genai.datasets import search_datasets
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        (golden,) = search_datasets(experiment_ids=[experiment_id], filter_string="name = 'northwind-generated'")
+    finally:
+        mlflow.set_tracking_uri(None)
     return SimpleNamespace(home=home, uri=uri, runs=runs, decisions=decisions, out=out.getvalue(),
-                           experiment_id=experiment_id)
+                           experiment_id=experiment_id, golden=golden,
+                           n_rows=int(golden.tags["rag_eval.golden_set_rows"]))
 
 
 def refusing_judge(word: str):

@@ -627,8 +627,12 @@ def test_the_example_policy_loads():
     from pathlib import Path
 
     policy = load_policy(Path(__file__).parents[1] / "examples" / "gate.yaml")
-    assert policy.require_metrics == ("hit_at_5", "mrr", "ndcg_at_10") and policy.max_error_rate == 0.0
-    assert policy.floors == {"hit_at_5/mean": 0.7, "ndcg_at_10/mean": 0.5, "ndcg_at_10/p10": 0.0}
+    assert policy.require_metrics == ("hit_at_5", "mrr", "ndcg_at_10", "faithfulness", "abstention")
+    assert policy.max_error_rate == 0.0 and policy.min_scored_rows == 20
+    assert policy.floors["abstention/mean"] == 0.5 and policy.max_regression["faithfulness"] == 0.05
+    assert policy.slice_floors == {"question_type": {"*": {"faithfulness/mean": 0.8}}}
+    # the demo's judge is uncalibrated, and the policy says it waives the check
+    assert policy.calibration.required is False
 
 
 def test_a_policy_is_a_validated_model_however_it_is_made():

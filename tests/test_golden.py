@@ -181,6 +181,26 @@ def test_logged_set_and_runs_on_it_share_one_digest(golden, tracking_uri):
     assert params["rag_eval.dataset_digest"] == golden.digest
 
 
+def test_genai_evaluate_reads_the_logged_dataset_and_names_its_digest(golden, tracking_uri):
+    """mlflow.genai.evaluate on the evaluation dataset as MLflow holds it: our scorers read its
+    expectations (expected_response, relevant_ids, answerable) and the run names the digest."""
+    from mlflow.genai.datasets import get_dataset
+
+    from mlflow_rag_eval.integrations.mlflow_scorers import rag_scorers
+
+    dataset = get_dataset(dataset_id=log_golden_set(golden, "northwind").dataset_id)
+    by_question = {r.question: r for r in golden.rows}
+
+    def predict_fn(question):  # retrieves exactly the graded passages, best first
+        ids = sorted(by_question[question].relevant_ids, key=lambda i: -by_question[question].relevant_ids[i])
+        return {"answer": "I don't know.", "contexts": [{"id": i, "text": "x"} for i in ids]}
+
+    result = mlflow.genai.evaluate(data=dataset, predict_fn=predict_fn, scorers=rag_scorers(["ndcg@10"]))
+    run = mlflow.MlflowClient().get_run(result.run_id)
+    assert run.data.params["rag_eval.dataset_digest"] == golden.digest
+    assert run.data.metrics["ndcg_at_10/mean"] == 1.0
+
+
 def test_cli_writes_the_set_and_refuses_a_judge_that_cannot_write(tmp_path):
     out = tmp_path / "golden.jsonl"
     runner = CliRunner()

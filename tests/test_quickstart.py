@@ -3,6 +3,8 @@ artifacts the README promises."""
 
 from __future__ import annotations
 
+import json
+
 import mlflow
 
 PROMISED = (
@@ -16,10 +18,10 @@ PROMISED = (
 
 
 def test_quickstart_logs_two_evaluated_runs(demo):
-    runs, decisions, out = demo.runs, demo.decisions, demo.out
+    runs, out = demo.runs, demo.out
     assert "mlflow ui --backend-store-uri" in out
     client = mlflow.MlflowClient(demo.uri)
-    assert len(runs) == 2
+    assert list(runs) == ["extractive", "overconfident"]
     for run_id, _ in runs.values():
         run = client.get_run(run_id)
         assert set(PROMISED) <= set(run.data.metrics)
@@ -29,21 +31,47 @@ def test_quickstart_logs_two_evaluated_runs(demo):
         assert [m.model_id for m in run.inputs.model_inputs] == [run.data.tags["rag_eval.model_id"]]
         traces = client.search_traces(locations=[demo.experiment_id], run_id=run_id, max_results=500,
                                       include_spans=False)
-        assert len(traces) == 74
+        assert len(traces) == demo.n_rows
         paths = {a.path for a in client.list_artifacts(run_id)}
         assert "eval_results_table.json" in paths
         assert {a.path for a in client.list_artifacts(run_id, "rag_eval")} >= {
             "rag_eval/judge_lineage.json", "rag_eval/worst_rows.json", "rag_eval/report.html",
+            "rag_eval/slices.json",
             "rag_eval/gate_decision.json",  # the gate records its decision on the evaluation run
         }
         assert f"{run.data.metrics['ndcg_at_10/mean']:.3f}" in out
-    # Wider retrieval finds at least as many relevant passages in the top 5.
-    (_, small), (_, large) = runs.values()
-    assert large["hit_at_5/mean"] >= small["hit_at_5/mean"]
 
-    # It ends by gating the second variant against the first, and says why.
-    first, second = decisions
-    assert first.champion_version is None and second.champion_version == "1"
-    assert second.exit_code == 0 and "GATE PASSED: rag-quickstart-pipeline v2" in out
-    assert "regression: 95% CI" in out
-    assert str(client.get_model_version_by_alias("rag-quickstart-pipeline", "champion").version) == "2"
+
+def test_quickstart_evaluates_on_the_golden_set_it_wrote(demo):
+    """The generated set is logged first, as an MLflow evaluation dataset of the experiment;
+    both runs name its digest; it has all three kinds of question."""
+    golden = demo.golden
+    digest = golden.tags["rag_eval.dataset_digest"]
+    assert f"digest {digest}" in demo.out and "answerable_from_corpus" in demo.out  # the drop report
+    client = mlflow.MlflowClient(demo.uri)
+    for run_id, _ in demo.runs.values():
+        assert client.get_run(run_id).data.params["rag_eval.dataset_digest"] == digest
+    kept = json.loads(golden.tags["rag_eval.kept"])
+    assert set(kept) == {"single", "multi", "unanswerable"} and all(kept.values())
+    assert demo.n_rows == sum(kept.values())
+
+
+def test_quickstart_shows_the_generator_regression_per_slice_and_the_gate_refuses_it(demo):
+    (_, base), (_, worse) = demo.runs.values()
+    # Same retrieval; the overconfident generator invents and never abstains.
+    assert worse["hit_at_5/mean"] == base["hit_at_5/mean"]
+    assert worse["faithfulness/mean"] < base["faithfulness/mean"] - 0.1
+    assert worse["abstention/mean"] == 0.0 < base["abstention/mean"]
+    for kind in ("single", "multi", "unanswerable"):
+        key = f"faithfulness/slice/question_type/{kind}/mean"
+        assert worse[key] < base[key], key
+    assert "per question_type" in demo.out and "per difficulty" in demo.out
+
+    first, second = demo.decisions
+    assert first.champion_version is None and first.exit_code == 0
+    assert second.champion_version == "1" and second.exit_code == 1
+    assert "GATE FAILED: rag-quickstart-pipeline v2" in demo.out
+    assert "faithfulness regressed" in demo.out and "abstention/mean = 0.000 < floor 0.5" in demo.out
+    assert "on slice question_type=" in demo.out
+    client = mlflow.MlflowClient(demo.uri)
+    assert str(client.get_model_version_by_alias("rag-quickstart-pipeline", "champion").version) == "1"

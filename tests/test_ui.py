@@ -65,7 +65,9 @@ def _names(demo) -> dict[str, str]:
 def test_evaluation_runs_page_lists_both_demo_runs(ui, demo, chromium, tmp_path):
     text = _page(chromium, f"{ui}/#/experiments/{demo.experiment_id}/evaluation-runs", "evaluation_runs", tmp_path)
     names = _names(demo)
-    assert sorted(names.values()) == ["bm25-top2", "bm25-top5"]
+    assert sorted(names.values()) == ["bm25-top5-extractive", "bm25-top5-overconfident"]
+    # the golden set is an evaluation dataset, not a run: only the evaluations are listed
+    assert "golden set" not in text
     listed = re.search(r"Run Name Status Type Created at (.*)", text)
     assert listed, text[:2000]
     for name in names.values():
@@ -79,7 +81,7 @@ def test_a_run_shows_its_rows_with_metric_assessments(ui, demo, chromium, tmp_pa
     (run_id, metrics), _ = demo.runs.values()
     text = _page(chromium, f"{ui}/#/experiments/{demo.experiment_id}/runs/{run_id}/traces", "run_evaluation",
                  tmp_path)
-    assert "74 of 74" in text  # every golden row is a trace of the run
+    assert f"{demo.n_rows} of {demo.n_rows}" in text  # every golden row is a trace of the run
     # Every metric of the run is an assessment of its rows (the table shows a few by default),
     # the three expectations too.
     names = MlflowClient(demo.uri).get_run(run_id).data.params["rag_eval.metrics"].split(",")
@@ -102,7 +104,12 @@ def test_the_two_runs_compared_row_by_row(ui, demo, chromium, tmp_path):
     text = _page(chromium, url, "runs_compared", tmp_path)
     colour = r"(?:#[0-9a-f]{6} )?"  # each run's colour swatch
     assert re.search(rf"Comparing {colour}{names[run_b]} to {colour}{names[run_a]}", text), text[:3000]
-    assert "74 of 74" in text
+    assert f"{demo.n_rows} of {demo.n_rows}" in text
     # Rows pair on the question: each question appears once, with a trace of each run.
     first_question = re.search(r'\{ "question": "([^"]+)" \}', text)
     assert first_question and text.count(f'"question": "{first_question.group(1)}"') == 1
+
+
+def test_the_golden_set_is_on_the_datasets_page(ui, demo, chromium, tmp_path):
+    text = _page(chromium, f"{ui}/#/experiments/{demo.experiment_id}/datasets", "datasets", tmp_path)
+    assert "northwind-generated" in text, text[:3000]

@@ -1,12 +1,19 @@
 """A small, real RAG pipeline over the Northwind Rail knowledge base: BM25 retrieval and an
 extractive answerer, packaged as an MLflow pyfunc model.
 
+The ``generator`` setting stands in for a change of answer model: ``extractive`` (the default)
+answers with the best-matching context sentence and abstains below ``min_overlap``;
+``overconfident`` never abstains and, on about 40% of questions, adds a sentence the passages
+do not support (a made-up date, figure or fee) — the failure a judge of faithfulness and
+abstention must catch.
+
 It stands in for the user's own pipeline: the evaluator sees only what ``predict`` returns, one
 dict per question with ``answer`` and the ranked ``contexts`` (each ``{"id", "text"}``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -80,6 +87,39 @@ def extract_answer(question: str, contexts: list[dict], min_overlap: float) -> s
     return best if best is not None and best_score >= min_overlap else ABSTAIN
 
 
+GENERATORS = ("extractive", "overconfident")
+
+# What an overconfident generator adds: specific, plausible, and in none of the passages.
+_INVENTED = (
+    "This rule was introduced in {year} after a passenger survey.",
+    "Passengers who book online get a further {pct}% off.",
+    "Station staff can confirm this for a fee of €{fee}.",
+    "It applies on all {n} routes operated by the company.",
+    "The policy is reviewed every {n} months by the passenger board.",
+)
+
+
+def _stable_hash(text: str) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
+def generate_answer(question: str, contexts: list[dict], min_overlap: float, generator: str = "extractive") -> str:
+    """The answer of the chosen ``generator`` (see the module docstring); deterministic."""
+    if generator == "extractive":
+        return extract_answer(question, contexts, min_overlap)
+    if generator != "overconfident":
+        raise ValueError(f"unknown generator {generator!r}; known: {GENERATORS}")
+    answer = extract_answer(question, contexts, 0.0)  # never abstains
+    if answer == ABSTAIN:  # nothing retrieved at all
+        answer = "Yes, that is possible on Northwind Rail."
+    h = _stable_hash(question)
+    if h % 5 < 2:  # about 40% of questions
+        invented = _INVENTED[h % len(_INVENTED)].format(year=2011 + h % 9, pct=5 + h % 20, fee=2 + h % 7,
+                                                        n=3 + h % 11)
+        answer = f"{answer} {invented}"
+    return answer
+
+
 def load_corpus(path: Path | str = DATA_DIR / "corpus.jsonl") -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -90,12 +130,13 @@ def load_golden(path: Path | str = DATA_DIR / "golden.jsonl") -> pd.DataFrame:
 
 
 class NorthwindRag(mlflow.pyfunc.PythonModel):
-    """BM25 top-k retrieval + extractive answer. ``model_config``: ``k``, ``min_overlap``."""
+    """BM25 top-k retrieval + an answer. ``model_config``: ``k``, ``min_overlap``, ``generator``."""
 
     def load_context(self, context):
         config = context.model_config or {}
         self.k = int(config.get("k", 3))
         self.min_overlap = float(config.get("min_overlap", 0.34))
+        self.generator = str(config.get("generator", "extractive"))
         self.index = BM25(load_corpus(context.artifacts["corpus"]))
 
     def predict(self, context, model_input: pd.DataFrame, params=None):
@@ -103,18 +144,21 @@ class NorthwindRag(mlflow.pyfunc.PythonModel):
         for question in model_input["question"]:
             hits = self.index.search(question, self.k)
             contexts = [{"id": p["id"], "text": p["text"]} for p, _ in hits]
-            out.append({"answer": extract_answer(question, contexts, self.min_overlap), "contexts": contexts})
+            answer = generate_answer(question, contexts, self.min_overlap, self.generator)
+            out.append({"answer": answer, "contexts": contexts})
         return out
 
 
-def log_pipeline(k: int, min_overlap: float = 0.34, name: str = "rag_pipeline"):
+def log_pipeline(k: int, min_overlap: float = 0.34, name: str = "rag_pipeline", generator: str = "extractive"):
     """Log the pipeline as a pyfunc model (in the active run, if any); returns its ModelInfo."""
+    if generator not in GENERATORS:
+        raise ValueError(f"unknown generator {generator!r}; known: {GENERATORS}")
     return mlflow.pyfunc.log_model(
         name=name,
-        params={"retriever_k": k, "min_overlap": min_overlap},
+        params={"retriever_k": k, "min_overlap": min_overlap, "generator": generator},
         python_model=NorthwindRag(),
         artifacts={"corpus": str(DATA_DIR / "corpus.jsonl")},
-        model_config={"k": k, "min_overlap": min_overlap},
+        model_config={"k": k, "min_overlap": min_overlap, "generator": generator},
         code_paths=[__file__],
         input_example=pd.DataFrame({"question": ["How much does a bike ticket cost?"]}),
     )
