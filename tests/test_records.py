@@ -127,3 +127,65 @@ def test_bad_input_names_row_and_column_and_logs_nothing(case, tracking_uri):
     assert data.metrics == {}
     assert not [k for k in data.params if k.startswith("rag_eval")]
     assert client.list_artifacts(run.info.run_id) == []
+
+
+GRADED_FORMS = {
+    "dict": ({"p1": 2, "p2": 1}, None),
+    "id-grade-dicts": ([{"id": "p1", "grade": 2}, {"id": "p2", "grade": 1}], None),
+    "pairs": ([["p1", 2], ["p2", 1]], None),
+    "json-dict": ('{"p1": 2, "p2": 1}', None),
+    "json-id-grade-dicts": ('[{"id": "p1", "grade": 2}, {"id": "p2", "grade": 1}]', None),
+    "parallel-lists": (["p1", "p2"], [2, 1]),
+}
+
+
+@pytest.mark.parametrize("form", list(GRADED_FORMS))
+def test_every_graded_relevance_form_reads_the_same_and_digests_the_same(form):
+    value, grades = GRADED_FORMS[form]
+    frame = good_frame().iloc[:1].assign(relevant_ids=[value])
+    if grades is not None:
+        frame["relevance_grades"] = [grades]
+    (record,) = records_from_frame(frame)
+    assert record.relevant_ids == {"p1": 2.0, "p2": 1.0}
+    reference = records_from_frame(good_frame().iloc[:1].assign(relevant_ids=[{"p1": 2, "p2": 1}]))
+    assert dataset_digest([record]) == dataset_digest(reference)
+
+
+@pytest.mark.parametrize("value,grades,message", [
+    (["p1", "p1"], None, None),  # the same id twice with one grade: harmless, read once
+    ([["p1", 2], ["p1", 1]], None, "listed twice, with grades 2 and 1"),
+    (["p1"], [1, 2], "1 relevant ids but 2 grades"),
+    ([{"id": "p1"}], None, "exactly the keys 'id' and 'grade'"),
+    ([["p1", 2, 3]], None, "an [id, grade] pair"),
+    ('{"p1": ', None, "look like JSON but do not parse"),
+    ({"p1": 2}, [1], "grades are given twice"),
+    ([["p1", 2]], [1], "grades are given twice"),
+    ([{"id": "p1", "grade": "high"}], None, "must be a number"),
+])
+def test_malformed_graded_relevance_is_refused_naming_the_row(value, grades, message):
+    frame = good_frame().assign(relevant_ids=[["p9"], value])
+    if grades is not None:
+        frame["relevance_grades"] = [None, grades]
+    if message is None:
+        assert records_from_frame(frame)[1].relevant_ids == {"p1": 1.0}
+        return
+    with pytest.raises(RecordError, match=message.replace("[", r"\[")) as excinfo:
+        records_from_frame(frame)
+    assert excinfo.value.row == 1
+
+
+def test_a_large_frame_of_dict_grades_is_warned_about(tracking_uri, monkeypatch):
+    from mlflow_rag_eval.integrations import mlflow_evaluator
+
+    monkeypatch.setattr(mlflow_evaluator, "DICT_GRADES_WARN_ROWS", 3)  # the frame, not the threshold, is tested
+    frame = pd.concat([good_frame()] * 2, ignore_index=True)
+    with mlflow.start_run(), pytest.warns(UserWarning, match=r"\{id: grade\} dicts.*linear time"):
+        mlflow.models.evaluate(data=frame, model_type="rag", evaluators="rag", evaluator_config={"metrics": ["hit@5"]})
+    frame["relevant_ids"] = [[{"id": "p1", "grade": 2}], ["p2"]] * 2
+    with mlflow.start_run():
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*id: grade.*")
+            mlflow.models.evaluate(data=frame, model_type="rag", evaluators="rag",
+                                   evaluator_config={"metrics": ["hit@5"]})

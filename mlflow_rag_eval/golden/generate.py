@@ -223,9 +223,14 @@ class GoldenSet:
         return [r.model_dump() for r in self.rows]
 
     def to_frame(self):
+        """The rows as the evaluation data, ``relevant_ids`` as ``[{"id", "grade"}]`` lists: the
+        form MLflow infers a schema for in linear time (not ``{id: grade}`` dicts, whose every
+        id becomes a schema field; see :class:`~mlflow_rag_eval.records.ColumnMapping`)."""
         import pandas as pd
 
-        return pd.DataFrame(self.to_dicts(), columns=list(GoldenRow.model_fields))
+        rows = [{**r, "relevant_ids": [{"id": k, "grade": g} for k, g in r["relevant_ids"].items()]}
+                for r in self.to_dicts()]
+        return pd.DataFrame(rows, columns=list(GoldenRow.model_fields))
 
     def to_jsonl(self, path: str | Path) -> Path:
         path = Path(path)
