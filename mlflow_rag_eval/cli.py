@@ -360,3 +360,84 @@ def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experi
         where = (f"MLflow evaluation dataset {logged.dataset_id}" if logged.dataset_id
                  else f"run {logged.run_id} (this store has no evaluation datasets)")
         click.echo(f"logged as {log_as!r}: {where}")
+
+
+def _read_rows(path: str):
+    """A data file as a DataFrame: Parquet, JSONL (one row per line) or CSV, by extension."""
+    import pandas as pd
+
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return pd.read_parquet(path)
+    if suffix in (".jsonl", ".ndjson"):
+        return pd.read_json(path, lines=True, dtype=False)
+    if suffix == ".json":
+        return pd.read_json(path, dtype=False)
+    if suffix == ".csv":
+        return pd.read_csv(path)
+    raise ValueError(f"{path}: unknown data format {suffix or '(no extension)'!r}; give .parquet, .jsonl or .csv")
+
+
+@main.command("evaluate")
+@click.option("--data", "data_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Rows with their predictions (question, answer, contexts, and what a golden set holds): "
+                   ".parquet, .jsonl or .csv.")
+@click.option("--metrics", default=None, help="Metric names, comma-separated (default: all the data can feed).")
+@click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
+@click.option("--slice-by", "slice_by", multiple=True,
+              help="A metadata key or column to report every metric per value of. Repeatable.")
+@click.option("--col", "columns", multiple=True, metavar="FIELD=COLUMN",
+              help="Read a record field from another column, e.g. --col question=query. Repeatable.")
+@click.option("--experiment", default=None, help="Experiment of the run (default: the active one).")
+@click.option("--run-name", default=None, help="Name of the evaluation run.")
+@click.option("--no-traces", is_flag=True, help="Log no per-row traces (very large runs).")
+@click.option("--max-error-rate", type=float, default=None,
+              help="Fail (exit 2, after logging) when a metric's share of failed rows is above this.")
+@_tracking_option
+def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
+                     max_error_rate, tracking_uri) -> None:
+    """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
+    the same metrics, traces, table, lineage, worst rows, report and slices as
+    ``mlflow.evaluate(model_type="rag")`` logs. Prints the run id last.
+
+    Exit code 2: unreadable data, a bad cell (named by row and column), an unknown metric or
+    field, or a failed-row share above --max-error-rate (the run keeps the evidence).
+    """
+    import mlflow
+
+    from mlflow_rag_eval.engine import evaluate_records
+    from mlflow_rag_eval.integrations.mlflow_logging import announce, log_evaluation
+    from mlflow_rag_eval.records import ColumnMapping, records_from_frame
+    from mlflow_rag_eval.results import ErrorRateExceeded
+    from mlflow_rag_eval.slices import attach_columns, check_frame, check_slice_by, slice_members
+
+    try:
+        bad = [c for c in columns if "=" not in c]
+        if bad:
+            raise ValueError(f"--col takes FIELD=COLUMN, got {bad[0]!r}")
+        mapping = ColumnMapping.from_config(dict(c.split("=", 1) for c in columns))
+        frame = _read_rows(data_path)
+        slice_fields = check_slice_by(list(slice_by) or None, "--slice-by")
+        if slice_fields:
+            check_frame(frame, slice_fields, mapping.metadata)
+        records = records_from_frame(frame, mapping)
+        if slice_fields:
+            records = attach_columns(records, frame, slice_fields)
+            slice_members(records, slice_fields)
+        names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+        result = evaluate_records(records, names, judge, mapping=mapping)
+    except ValueError as exc:
+        click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    if experiment:
+        mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=run_name) as run:
+        log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields)
+    try:
+        announce(result, max_error_rate=max_error_rate)
+    except ErrorRateExceeded as exc:
+        click.echo(f"evaluation failed: {exc} (run {run.info.run_id} keeps the evidence)", err=True)
+        raise SystemExit(UNUSABLE) from None
+    click.echo(run.info.run_id)

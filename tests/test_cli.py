@@ -117,3 +117,48 @@ def test_which_exceptions_are_input_errors(exc, code):
     assert _is_input_error(exc) is (code == 2)
     assert _is_input_error(MlflowException("Run 'x' not found"))
     assert _is_input_error(JudgeUnreachable("no route")) and _is_input_error(JudgeCapabilityError("no grade"))
+
+
+def _rows() -> pd.DataFrame:
+    return pd.DataFrame({
+        "question": ["How much is a bike ticket?", "Can dogs travel?", "Is there wifi?", "Where is the office?"],
+        "answer": ["A bike ticket costs 5 euros.", "Dogs travel free.", "I don't know.", "Halden."],
+        "contexts": [[{"id": "p1", "text": "A bike ticket costs 5 euros."}], [{"id": "p2", "text": "Dogs travel free."}],
+                     [{"id": "p3", "text": "Seats recline."}], [{"id": "p4", "text": "The office is in Halden."}]],
+        "relevant_ids": [[{"id": "p1", "grade": 2}], [{"id": "p9", "grade": 1}], [], [{"id": "p4", "grade": 2}]],
+        "metadata": [{"difficulty": "easy"}, {"difficulty": "hard"}, {"difficulty": "hard"}, {"difficulty": "easy"}],
+    })
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suffix):
+    path = tmp_path / f"rows{suffix}"
+    rows = _rows()
+    if suffix == ".parquet":
+        rows.to_parquet(path)
+    else:
+        rows.to_json(path, orient="records", lines=True)
+    result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "hit@5,mrr",
+                                       "--judge", "scripted", "--slice-by", "difficulty", "--run-name", "cli-eval"])
+    assert result.exit_code == 0, result.output
+    run = mlflow.MlflowClient().get_run(result.stdout.strip().splitlines()[-1])  # the run id, last
+    assert run.info.run_name == "cli-eval" and run.data.tags["mlflow.runType"] == "genai_evaluate"
+    metrics = run.data.metrics
+    # p1 and p4 retrieved first (1.0), p9 never (0.0); the empty row is not applicable
+    assert metrics["hit_at_5/mean"] == pytest.approx(2 / 3) and metrics["hit_at_5/n_scored"] == 3
+    assert metrics["hit_at_5/slice/difficulty/easy/mean"] == 1.0
+    assert metrics["hit_at_5/slice/difficulty/hard/mean"] == 0.0
+    assert len(mlflow.MlflowClient().search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)) == 4
+
+
+def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tmp_path):
+    rows = _rows()
+    rows.loc[2, "answer"] = None
+    path = tmp_path / "rows.jsonl"
+    rows.to_json(path, orient="records", lines=True)
+    runner = CliRunner()
+    result = runner.invoke(main, ["evaluate", "--data", str(path), "--metrics", "hit@5"])
+    assert result.exit_code == 2 and "row 2, column 'answer'" in result.output
+    assert mlflow.search_runs().empty
+    bad = runner.invoke(main, ["evaluate", "--data", str(path), "--col", "question"])
+    assert bad.exit_code == 2 and "FIELD=COLUMN" in bad.output
