@@ -136,7 +136,9 @@ class LLMJudge(Judge):
             fingerprint=hashlib.sha256(blob.encode()).hexdigest()[:16],
             prompts_version=PROMPTS_VERSION,
             params={**params, **{k: v for k, v in identity.items() if k not in ("provider", "model")},
-                    "embedding_model": self.settings.embedding_model, "embedding_sha256": embed_sha},
+                    "embedding_model": self.settings.embedding_model, "embedding_sha256": embed_sha,
+                    # lineage only, never the fingerprint: a rate limit changes when, not what
+                    "rate_limit": self._transport.rate_limit},
             model_files_sha256=identity.get("sha256"),
         )
 

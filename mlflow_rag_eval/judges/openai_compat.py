@@ -176,6 +176,8 @@ class OpenAICompatBackend:
             turns into a grammar; it answers 500 to the OpenAI form). A request's own
             ``response_format`` (set by the judge after a fallback) takes precedence.
         default_concurrency: the concurrency the layer above uses unless told otherwise.
+        default_rate_limit: requests per second the layer above keeps to unless told otherwise
+            (None: no limit).
         connect_timeout: seconds to establish a connection (capped by the attempt's budget).
     """
 
@@ -194,6 +196,7 @@ class OpenAICompatBackend:
         supports_schema: bool = True,
         response_format: str = "json_schema",
         default_concurrency: int = 8,
+        default_rate_limit: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ):
         if not model:
@@ -211,6 +214,9 @@ class OpenAICompatBackend:
             raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, got {response_format!r}")
         self.response_format = response_format
         self.default_concurrency = default_concurrency
+        if default_rate_limit is not None and not default_rate_limit > 0:
+            raise ValueError(f"rate_limit must be a positive number of requests per second, got {default_rate_limit!r}")
+        self.default_rate_limit = default_rate_limit
         self.connect_timeout = connect_timeout
         self._local = threading.local()  # one requests.Session per thread
 
@@ -388,6 +394,7 @@ def parse_chat_completion(
 
 _TARGET_OPTIONS = {
     "base_url", "api_key_env", "azure_api_version", "supports_schema", "response_format", "concurrency",
+    "rate_limit",
 }
 
 
@@ -402,7 +409,8 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
     Options: ``base_url``, ``api_key_env``, ``azure_api_version``, ``supports_schema``
     (``true``/``false``), ``response_format`` (``json_schema``, the default, or ``json_object``
     for llama-cpp-python's server: ``openai:/smollm2?base_url=...&response_format=json_object``),
-    ``concurrency``. Everything after the first ``?`` is options, so a
+    ``concurrency``, ``rate_limit`` (requests per second). Everything after the first ``?`` is
+    options, so a
     ``base_url`` with its own query string must be percent-encoded. A key is never accepted
     in the name (names are logged): use ``api_key_env``.
     """
@@ -430,6 +438,8 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
         kwargs["supports_schema"] = value in ("true", "1")
     if "concurrency" in options:
         kwargs["default_concurrency"] = int(options["concurrency"])
+    if "rate_limit" in options:
+        kwargs["default_rate_limit"] = float(options["rate_limit"])
     if "response_format" in options:
         kwargs["response_format"] = options["response_format"]
     return OpenAICompatBackend(

@@ -36,6 +36,12 @@ class LLMSettings:
       server answered or accepted, and may be slow or failing on one row only; they stay
       bounded per row by ``max_retries`` and ``deadline``. An HTTP answer of any status
       resets the count (the server is reachable); a read timeout neither counts nor resets.
+    - ``rate_limit`` (requests per second): a provider's quota is per time, not per
+      connection, and ``concurrency`` alone lets fast replies exceed it (then every request
+      pays 429s and backoff). Each request, first attempt or retry, takes the next free slot
+      ``1 / rate_limit`` s after the previous one, so no second-long window holds more than
+      ``rate_limit`` requests; a slot past the call's deadline fails the row
+      (``DeadlineExceeded``) instead of waiting.
     """
 
     temperature: float = 0.0
@@ -52,6 +58,10 @@ class LLMSettings:
     unreachable_after: int | None = None
     #: concurrent requests; None takes the provider's default
     concurrency: int | None = None
+    #: requests per second sent to the provider by this judge, every thread and retry
+    #: counted; None takes the provider's default (none: no limit). Not part of the
+    #: fingerprint: it changes when a reply comes, never what it says
+    rate_limit: float | None = None
     #: fuse extract + verify into one call
     fuse: bool = True
     #: embedding model for similarity (answer relevancy); never sent to the provider

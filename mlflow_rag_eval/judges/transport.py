@@ -111,6 +111,35 @@ def mode_of(request: ChatRequest) -> str:
     return request.response_format or SCHEMA
 
 
+class RateLimiter:
+    """At most ``rate`` request starts per second, across threads: a request starts only once
+    ``1 / rate`` s have passed since the previous start *as it happened* (not as scheduled:
+    a thread that woke late pushes the next start back, so a late wake-up can never bunch two
+    starts), hence any one-second window ``[t, t + 1)`` holds at most ``rate`` starts."""
+
+    def __init__(self, rate: float):
+        if not rate > 0:
+            raise ValueError(f"rate_limit must be a positive number of requests per second, got {rate!r}")
+        self.interval = 1.0 / rate
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def acquire(self, deadline: float) -> None:
+        """Wait until this request may start; JudgeFailure ``DeadlineExceeded`` as soon as the
+        earliest start would come after ``deadline``."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if now >= self._next:
+                    self._next = now + self.interval
+                    return
+                wait = self._next - now
+            if now + wait > deadline:
+                raise JudgeFailure("DeadlineExceeded", f"the rate limit's next start is {wait:.1f} s away, "
+                                                       "past the call's deadline")
+            time.sleep(wait)
+
+
 class Transport:
     """One judge's way to its backend: retries under the deadline, fail-fast, format fallback
     and accounting. Thread-safe; shared by every call of the judge."""
@@ -130,6 +159,9 @@ class Transport:
         self._connection_failures = 0
         self._last_connection_failure: tuple[float, str] = (0.0, "")
         self._health_lock = threading.Lock()
+        rate = settings.rate_limit or getattr(backend, "default_rate_limit", None)
+        self.rate_limit = float(rate) if rate else None
+        self._limiter = RateLimiter(self.rate_limit) if self.rate_limit else None
 
     @property
     def response_format(self) -> str:
@@ -174,6 +206,9 @@ class Transport:
             if remaining <= 0:
                 raise JudgeFailure("DeadlineExceeded", f"no reply within {s.deadline:g} s")
             self.check_reachable()
+            if self._limiter is not None:
+                self._limiter.acquire(deadline)
+                remaining = deadline - time.monotonic()
             started = time.monotonic()
             try:
                 self.usage.add(provider_calls=1, response_formats=mode_of(request))
