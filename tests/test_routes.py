@@ -93,21 +93,31 @@ def test_logged_pyfunc_same_values_on_every_route(tracking_uri, golden, local_ju
     _assert_same(plugin, extra)
 
 
-def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(tracking_uri, local_judge):
-    from mlflow.entities import AssessmentSourceType, SpanType
+def _traced_rag(question: str, documents: list[dict], answer: str):
+    """The trace of a pipeline whose RETRIEVER span returned ``documents``."""
+    from mlflow.entities import SpanType
 
     @mlflow.trace(span_type=SpanType.RETRIEVER)
     def retrieve(question):
-        return [{"page_content": "A bike ticket costs 5 euros per journey.", "metadata": {"doc_uri": "p1"}, "id": "p1"}]
+        return documents
 
     @mlflow.trace
     def rag(question):
         retrieve(question)
-        return "A bike ticket costs 5 euros."
+        return answer
 
-    rag("How much is a bike ticket?")
+    rag(question)
     mlflow.flush_trace_async_logging()
-    trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
+    return mlflow.get_trace(mlflow.get_last_active_trace_id())
+
+
+def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(tracking_uri, local_judge):
+    from mlflow.entities import AssessmentSourceType
+
+    trace = _traced_rag(
+        "How much is a bike ticket?",
+        [{"page_content": "A bike ticket costs 5 euros per journey.", "metadata": {"doc_uri": "p1"}, "id": "p1"}],
+        "A bike ticket costs 5 euros.")
     faithfulness, ndcg = rag_scorers(["faithfulness", "ndcg@10"], local_judge)
     feedback = faithfulness(inputs={"question": "How much is a bike ticket?"},
                             outputs="A bike ticket costs 5 euros.", trace=trace)
@@ -124,21 +134,8 @@ def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(trackin
 def test_scorer_reads_parent_ids_from_retriever_span_metadata(tracking_uri):
     """Chunks of one document, named by opaque ids: the retriever's metadata ``parent_id``
     is what the parent-grain metrics rank by."""
-    from mlflow.entities import SpanType
-
-    @mlflow.trace(span_type=SpanType.RETRIEVER)
-    def retrieve(question):
-        return [{"page_content": f"chunk {i}", "id": f"c{i}", "metadata": {"parent_id": doc}}
-                for i, doc in enumerate(["guide", "guide", "faq"])]
-
-    @mlflow.trace
-    def rag(question):
-        retrieve(question)
-        return "an answer"
-
-    rag("q")
-    mlflow.flush_trace_async_logging()
-    trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
+    trace = _traced_rag("q", [{"page_content": f"chunk {i}", "id": f"c{i}", "metadata": {"parent_id": doc}}
+                              for i, doc in enumerate(["guide", "guide", "faq"])], "an answer")
     parent_mrr, pollution = rag_scorers(["parent_mrr", "pollution@3"], None)
     # faq is the second distinct document: reciprocal rank 1/2 (the chunk grain would say 1/3)
     assert parent_mrr(inputs={"question": "q"}, outputs="a", trace=trace,
