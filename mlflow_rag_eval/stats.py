@@ -48,8 +48,8 @@ import numpy as np
 
 __all__ = [
     "MEAN_CI_RESAMPLES", "PAIRED_CI_RESAMPLES", "PairedDelta", "SEED", "all_equal", "ci_missing", "mean_ci",
-    "pair_rows", "paired_delta", "paired_difference_ci", "percentile_interval", "resample_indices", "row_keys",
-    "wilcoxon_p",
+    "holm", "pair_rows", "paired_delta", "paired_difference_ci", "percentile_interval", "regression_p",
+    "resample_indices", "row_keys", "wilcoxon_p",
 ]
 
 SEED = 0
@@ -166,6 +166,46 @@ def wilcoxon_p(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray)
     from scipy.stats import wilcoxon
 
     return float(wilcoxon(diff, zero_method="wilcox").pvalue)
+
+
+def regression_p(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, tolerance: float, *,
+                 greater_is_better: bool = True) -> float | None:
+    """One-sided p-value that ``b`` regressed against ``a`` by more than ``tolerance``.
+
+    The Wilcoxon signed-rank test of the direction-adjusted differences shifted by the
+    tolerance, ``sign * (b - a) + tolerance``, against the alternative that they sit below 0
+    (their pseudo-median). Small p: the drop is beyond the tolerance and unlikely to be noise.
+    1.0 when every shifted difference is 0; None without pairs.
+    """
+    sign = 1.0 if greater_is_better else -1.0
+    shifted = sign * (np.asarray(b, dtype=float) - np.asarray(a, dtype=float)) + float(tolerance)
+    if len(shifted) == 0:
+        return None
+    shifted[np.isclose(shifted, 0.0, atol=1e-12)] = 0.0  # float noise of scores read back from tables
+    if np.all(shifted == 0):
+        return 1.0
+    from scipy.stats import wilcoxon
+
+    return float(wilcoxon(shifted, zero_method="wilcox", alternative="less", correction=True).pvalue)
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values, in the given order (None stays None and is not
+    counted among the tests).
+
+    Testing m metrics at level alpha each rejects a true "no change" somewhere far more often
+    than alpha (10 independent metrics at 5%: 40%); rejecting where the adjusted p < alpha
+    keeps that family-wise rate at alpha, whatever the dependence between the metrics, and
+    is never less powerful than Bonferroni.
+    """
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(tested)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
 
 
 @dataclass(frozen=True)

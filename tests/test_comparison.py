@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -86,7 +87,8 @@ def test_the_comparison_text_is_one_aligned_table_with_the_reasons_for_missing_c
     b = _run("B", [f"q{i}" for i in range(n)], {"mrr": [0.5] * n, "ndcg_at_10": [0.6, 0.9] * 4})
     lines = compare_evaluations(a, b).to_text().splitlines()
     head, rule, *rows = lines[1:]
-    assert head.split() == ["metric", "n", "A", "B", "B-A", "95%", "CI", "of", "B-A", "Wilcoxon", "p", "verdict"]
+    assert head.split() == ["metric", "n", "A", "B", "B-A", "95%", "CI", "of", "B-A", "Wilcoxon", "p", "Holm", "p",
+                            "verdict"]
     assert set(rule) == {"-"} and len(rule) == len(head)
     mrr, ndcg, note = rows
     assert mrr.split()[:5] == ["mrr", "8", "0.500", "0.500", "+0.000"] and mrr.endswith("no clear change")
@@ -143,3 +145,24 @@ def test_the_comparison_page_is_self_contained_and_escapes_what_it_shows():
     assert "<script" not in html and "x&lt;script&gt;" in html and "A = run&lt;A&gt;" in html
     assert "content=\"default-src 'none'; style-src 'unsafe-inline'\"" in html
     assert "95% CI of B-A (BCa)" in html and "<td class=\"no-clear-change\">no clear change</td>" in html
+
+
+def test_holm_adjusts_the_p_values_of_the_metrics_compared_together():
+    n = 12
+    questions = [f"q{i}" for i in range(n)]
+    rng = np.random.default_rng(3)
+    base = {m: rng.uniform(0, 1, n).round(3).tolist() for m in ("mrr", "ndcg_at_10", "hit_at_5")}
+    moved = {"mrr": [v + 0.3 for v in base["mrr"]],                       # a clear change
+             "ndcg_at_10": [v + (0.05 if i % 3 else -0.04) for i, v in enumerate(base["ndcg_at_10"])],
+             "hit_at_5": base["hit_at_5"]}                                # none at all
+    deltas = {d.metric: d for d in compare_evaluations(_run("A", questions, base), _run("B", questions, moved)).deltas}
+    raw = [deltas[m].p_value for m in ("mrr", "ndcg_at_10", "hit_at_5")]
+    # Holm by hand: sort, multiply the k-th smallest by (m - k), keep the running maximum, cap at 1
+    order = sorted(range(3), key=lambda i: raw[i])
+    expected, running = [0.0] * 3, 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (3 - k) * raw[i]))
+        expected[i] = running
+    assert [deltas[m].p_holm for m in ("mrr", "ndcg_at_10", "hit_at_5")] == pytest.approx(expected)
+    assert deltas["hit_at_5"].p_value == deltas["hit_at_5"].p_holm == 1.0
+    assert deltas["mrr"].p_holm == pytest.approx(3 * deltas["mrr"].p_value)  # the smallest: times m

@@ -619,7 +619,9 @@ def test_the_shipped_json_schema_is_the_models():
     assert props["max_error_rate"]["maximum"] == 1 and props["min_scored_rows"]["minimum"] == 0
     assert set(props["floors"]["patternProperties"]) == {"^.+/(mean|median|p10|ci_low|ci_high)$"}
     assert props["floors"]["additionalProperties"] is False
-    assert shipped["$defs"]["RegressionTest"]["properties"]["decide_on"]["enum"] == ["point", "ci_low"]
+    regression = shipped["$defs"]["RegressionTest"]["properties"]
+    assert regression["decide_on"]["enum"] == ["point", "ci_low", "test"]
+    assert regression["correction"]["enum"] == ["holm", "none"] and regression["correction"]["default"] == "holm"
     assert shipped["$defs"]["CalibrationRequirement"]["additionalProperties"] is False
 
 
@@ -812,3 +814,52 @@ def test_a_per_slice_floor_fails_a_run_that_was_not_sliced(registry):
     assert decision.exit_code == 1
     assert {c.slice for c in decision.failed_checks} == {"difficulty=*", "difficulty=hard"}
     assert all("the run was not sliced by 'difficulty' (sliced by: none)" in c.reason for c in decision.failed_checks)
+
+
+def _paired_runs(n_rows: int, drops: dict[str, float], seed: int = 0):
+    """Champion and candidate tables (the comparison's EvaluatedRun) over the same questions;
+    the candidate's scores of each metric shifted by ``drops[metric]`` plus a little noise."""
+    import numpy as np
+    import pandas as pd
+
+    from mlflow_rag_eval.comparison import EvaluatedRun
+
+    rng = np.random.default_rng(seed)
+    questions = [f"q{i}" for i in range(n_rows)]
+    base = {m: rng.uniform(0.2, 0.8, n_rows) for m in drops}
+    cand = {m: np.clip(v - drops[m] + rng.normal(0, 0.05, n_rows), 0, 1) for m, v in base.items()}
+
+    def run(name, scores):
+        return EvaluatedRun(name, {}, pd.DataFrame({"question": questions, "reference": ["r"] * n_rows,
+                                                    **{f"{m}/score": v for m, v in scores.items()}}), {})
+
+    return run("champion", base), run("candidate", cand)
+
+
+@pytest.mark.parametrize("correction", ["holm", "none"])
+def test_decide_on_test_refuses_a_real_drop_and_reports_raw_and_adjusted_p(correction):
+    from mlflow_rag_eval.comparison import compare_evaluations
+    from mlflow_rag_eval.gate.checks import regression_check, regression_p_values
+    from mlflow_rag_eval.stats import holm, regression_p
+
+    metrics = {"faithfulness": 0.15, "mrr": 0.0, "hit_at_5": 0.0}
+    champion, candidate = _paired_runs(60, metrics)
+    policy = load_policy({"max_regression": {m: 0.02 for m in metrics},
+                          "regression_test": {"decide_on": "test", "correction": correction}})
+    deltas = {d.metric: d for d in compare_evaluations(champion, candidate, n_boot=200).deltas}
+    p_values = regression_p_values(champion, candidate, deltas, policy)
+    raw = [regression_p(champion.scores(m), candidate.scores(m), 0.02) for m in metrics]
+    assert [p_values[m][0] for m in metrics] == raw
+    assert [p_values[m][1] for m in metrics] == (holm(raw) if correction == "holm" else raw)
+    checks = {m: regression_check(m, champion, candidate, deltas[m], policy, p_values[m]) for m in metrics}
+    assert not checks["faithfulness"].passed and "drop beyond 0.02 is significant" in checks["faithfulness"].reason
+    assert checks["mrr"].passed and checks["hit_at_5"].passed
+    label = "Holm-adjusted" if correction == "holm" else "uncorrected"
+    assert f"regression p={raw[1]:.3g} ({label} {p_values['mrr'][1]:.3g})" in checks["mrr"].detail
+
+
+def test_holm_is_the_step_down_formula():
+    from mlflow_rag_eval.stats import holm
+
+    assert holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == [] and holm([None]) == [None]

@@ -19,7 +19,8 @@ from mlflow_rag_eval.keys import display_name, is_slice_key, split_aggregate_key
 from mlflow_rag_eval.text_table import text_table
 
 __all__ = [
-    "Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "slice_checks", "table",
+    "Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "regression_p_values",
+    "slice_checks", "table",
 ]
 
 
@@ -180,7 +181,28 @@ def slice_checks(slices: Mapping[str, Any] | None, policy: GatePolicy) -> list[C
     return checks
 
 
-def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy) -> Check:
+def regression_p_values(champion, candidate, deltas: dict, policy: GatePolicy) -> dict[str, tuple[float | None, float | None]]:
+    """Per ``max_regression`` metric, the raw one-sided regression p-value
+    (:func:`mlflow_rag_eval.stats.regression_p`) and the same after the policy's correction
+    across those metrics (Holm, or none): the family is the metrics gated together."""
+    from mlflow_rag_eval.comparison import paired_scores
+
+    raw: dict[str, float | None] = {}
+    for metric, tolerance in policy.max_regression.items():
+        delta = deltas.get(metric)
+        if delta is None or delta.delta is None:
+            raw[metric] = None
+            continue
+        sa, sb = paired_scores(champion, candidate, metric)
+        raw[metric] = stats.regression_p(sa, sb, tolerance, greater_is_better=delta.greater_is_better)
+    names = list(raw)
+    adjusted = stats.holm([raw[m] for m in names]) if policy.regression_test.correction == "holm" else \
+        [raw[m] for m in names]
+    return {m: (raw[m], adj) for m, adj in zip(names, adjusted)}
+
+
+def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy,
+                     p_values: tuple[float | None, float | None] = (None, None)) -> Check:
     """The paired regression rule (see :mod:`mlflow_rag_eval.gate.policy`).
 
     ``delta`` is the comparison's :class:`~mlflow_rag_eval.comparison.MetricDelta` (or None
@@ -211,8 +233,21 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
         missing = stats.ci_missing(sb - sa, "paired differences") or "the BCa interval is undefined"
         shown = f"{pct} CI not computable ({missing})"
         noise = "no CI to tell a real drop from noise"
-    detail = (f"{shown}, Wilcoxon p={p}, n={delta.n_pairs} "
+    raw_p, adjusted_p = p_values
+    correction = "Holm-adjusted" if test.correction == "holm" else "uncorrected"
+    regression = ("" if raw_p is None else
+                  f", regression p={raw_p:.3g} ({correction} {adjusted_p:.3g})")
+    detail = (f"{shown}, Wilcoxon p={p}{regression}, n={delta.n_pairs} "
               f"(champion {delta.mean_a:.3f} -> candidate {delta.mean_b:.3f})")
+    if test.decide_on == "test":
+        alpha = 1.0 - test.confidence
+        if adjusted_p is None:
+            return Check(metric, "regression", None, alpha, False,
+                         f"{metric}: cannot test a regression: {detail}", delta=adjusted, detail=detail)
+        ok = adjusted_p >= alpha
+        reason = "" if ok else (f"{metric} regressed: the drop beyond {tolerance:g} is significant, {correction} "
+                                f"p={adjusted_p:.3g} < {alpha:g} ({detail})")
+        return Check(metric, "regression", adjusted_p, alpha, ok, reason, delta=adjusted, detail=detail)
     if test.decide_on == "point" or (low is None and len(sa) >= 2 and stats.all_equal(sb - sa)):
         decided = adjusted  # ci_low without a CI: every pair moved by exactly this much
     elif low is None:

@@ -43,6 +43,7 @@ from mlflow_rag_eval.gate.checks import (
     is_judge_graded,
     metric_checks,
     regression_check,
+    regression_p_values,
     slice_checks,
     table,
 )
@@ -298,7 +299,8 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
     comparison = compare_evaluations(champion_eval, candidate, allow_judge_change=decision.allow_judge_change)
     decision.comparison = comparison.as_dict()
     by_metric = {d.metric: d for d in comparison.deltas}
-    checks = checks + [regression_check(m, champion_eval, candidate, by_metric.get(m), policy)
+    p_values = regression_p_values(champion_eval, candidate, by_metric, policy)
+    checks = checks + [regression_check(m, champion_eval, candidate, by_metric.get(m), policy, p_values[m])
                        for m in policy.max_regression]
     adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
                 for d in comparison.deltas if d.delta is not None}

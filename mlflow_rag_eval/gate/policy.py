@@ -22,7 +22,7 @@ One YAML file per registered model::
     max_regression:                # largest allowed drop of the paired mean vs the champion
       faithfulness: 0.03
       ndcg@10: 0.02
-    regression_test: {confidence: 0.95, decide_on: point}
+    regression_test: {confidence: 0.95, decide_on: point, correction: holm}
     calibration: {required: true, min_labels: 50, min_spearman: 0.7}
 
 The *gated metrics* are ``require_metrics`` plus every metric named in ``floors``,
@@ -59,6 +59,17 @@ Why ``point`` by default: golden sets are small (tens to a few hundred rows) and
 CI of a paired mean is often wider than any useful tolerance, so ``ci_low`` would refuse an
 unchanged pipeline. The tolerance is the noise budget; the CI and p shown beside it tell a
 reviewer whether a refused drop is real or noise.
+
+``decide_on: test`` decides by a hypothesis test instead: a metric regresses when the one-sided
+Wilcoxon signed-rank test of ``delta < -max_regression`` (on the direction-adjusted paired
+differences shifted by the tolerance, :func:`mlflow_rag_eval.stats.regression_p`) rejects at
+``1 - confidence``, after the correction. A no-change candidate is then refused only by chance
+at that rate, and a drop must be shown, not merely observed, to refuse. ``correction: holm``
+(default) adjusts the regression p-values of the metrics gated together by Holm's step-down
+method: testing ten metrics at 5% each would refuse an unchanged pipeline in about 40% of
+gates, Holm keeps the rate at 5% (``bench/multiple_comparisons.py``). ``correction: none``
+decides on each metric's raw p. Every regression check reports both p-values, whatever
+``decide_on`` is.
 
 Per-slice limits (``slice_floors``, ``slice_ceilings``) apply to a run evaluated with
 ``slice_by`` (:mod:`mlflow_rag_eval.slices`) and are read from its ``rag_eval/slices.json``:
@@ -160,8 +171,12 @@ class RegressionTest(_Strict):
 
     confidence: Annotated[float, Strict(), Field(gt=0.0, lt=1.0, allow_inf_nan=False)] = Field(
         0.95, description="Level of the two-sided paired bootstrap CI shown (and used by decide_on: ci_low).")
-    decide_on: Literal["point", "ci_low"] = Field(
-        "point", description="point: the paired mean delta decides; ci_low: the CI's lower bound decides (stricter).")
+    decide_on: Literal["point", "ci_low", "test"] = Field(
+        "point", description="point: the paired mean delta decides; ci_low: the CI's lower bound decides (stricter); "
+                             "test: the one-sided regression test decides, at 1 - confidence after the correction.")
+    correction: Literal["holm", "none"] = Field(
+        "holm", description="Multiple-comparison correction of the regression p-values across the metrics gated "
+                            "together (reported always; decides with decide_on: test).")
 
 
 class CalibrationRequirement(_Strict):
@@ -291,8 +306,9 @@ class GatePolicy(_Strict):
         return list(dict.fromkeys(keys))
 
     def as_dict(self) -> dict[str, Any]:
-        """The policy with defaults filled; the slice keys only when set, so that the hash of a
-        policy without slices is what it was before slices existed."""
+        """The policy with defaults filled; the slice keys only when set and the correction
+        only when not the default, so that the hash of a policy without them is what it was
+        before they existed."""
         out = self.model_dump(mode="python")
         out["require_metrics"] = list(self.require_metrics)
         for name in ("floors", "ceilings", "max_regression"):
@@ -305,6 +321,9 @@ class GatePolicy(_Strict):
                 del out[name]
         if out["slice_min_scored_rows"] is None:
             del out["slice_min_scored_rows"]
+        if out["regression_test"]["correction"] == "holm":
+            # the default; with decide_on point or ci_low it only adds a column to the report
+            del out["regression_test"]["correction"]
         return out
 
     @property
