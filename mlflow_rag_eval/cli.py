@@ -441,3 +441,30 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         click.echo(f"evaluation failed: {exc} (run {run.info.run_id} keeps the evidence)", err=True)
         raise SystemExit(UNUSABLE) from None
     click.echo(run.info.run_id)
+
+
+@main.command("ppi")
+@click.option("--run", "run_id", required=True, help="An evaluation run whose traces reviewers labelled.")
+@click.option("--metric", default="faithfulness", show_default=True, help="Judge-graded metric.")
+@click.option("--label-name", default=None, help="Name of the human feedback (default: the metric key).")
+@click.option("--confidence", type=float, default=0.95, show_default=True)
+@click.option("--no-log", is_flag=True, help="Print only; log nothing on the run.")
+@_tracking_option
+def ppi_command(run_id, metric, label_name, confidence, no_log, tracking_uri) -> None:
+    """The metric's mean as people would score it: the judge's scores on every row of the run,
+    corrected with the human labels on some (PPI++), with its CI; logged on the run as
+    ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human``.
+
+    Exit code 2: no such run, not an evaluation run, or too few labelled or unlabelled rows.
+    """
+    import mlflow
+
+    from mlflow_rag_eval.ppi import ppi_from_run
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    estimate = ppi_from_run(run_id, metric, label_name=label_name, confidence=confidence, log=not no_log)
+    click.echo(f"{metric}: PPI++ mean {estimate.mean:.3f}, {confidence:.0%} CI [{estimate.ci_low:.3f}, "
+               f"{estimate.ci_high:.3f}] from {estimate.n_human} human labels and {estimate.n_unlabelled} other rows "
+               f"(judge weight {estimate.lam:.2f}); the judge alone says {estimate.judge_mean:.3f}, "
+               f"the labels alone {estimate.human_mean:.3f}")

@@ -19,6 +19,12 @@ dependency; ``tests/test_ppi.py`` checks it against the ``ppi-python`` package (
 
 The labelled rows must be a random sample of the rows (humans labelling only the hard cases
 would bias the correction), and the unlabelled rows are the others: each row counts once.
+
+:func:`ppi_from_run` takes both from an evaluation run: the judge's Feedback on every trace and
+the HUMAN Feedback reviewers left on some (in the MLflow UI, or ``mlflow.log_feedback``), and
+logs ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human`` and
+``/ppi_lambda`` on the run, where the gate's floors can read them
+(``floors: {faithfulness/ppi_ci_low: 0.8}``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PPIEstimate", "ppi_mean"]
+__all__ = ["PPIEstimate", "ppi_from_run", "ppi_mean"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +109,43 @@ def _tuned_lambda(y: np.ndarray, f: np.ndarray, u: np.ndarray) -> float:
     if not var > 0:  # a judge that gives every row the same score carries no information
         return 0.0
     return float(np.clip(cov / ((1 + n / big_n) * var), 0.0, 1.0))
+
+
+def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str | None = None,
+                 confidence: float = 0.95, log: bool = True, client=None) -> PPIEstimate:
+    """The PPI++ estimate of ``metric``'s mean on an evaluation run, from its judge's scores
+    and the human labels on its traces (see the module docstring).
+
+    Rows the judge failed on carry no score and are left out on both sides (a label on such a
+    row cannot be paired); labels are read as :func:`~mlflow_rag_eval.gate.calibration.labels_from_run`
+    reads them (yes/no or a number in [0, 1], averaged over reviewers).
+
+    Raises:
+        ValueError: the run holds no rag evaluation, or fewer than 2 labelled or no unlabelled
+            scored rows.
+    """
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    from mlflow_rag_eval.gate.calibration import labels_from_run
+    from mlflow_rag_eval.keys import metric_key
+
+    client = client or mlflow.MlflowClient()
+    rows, _ = labels_from_run(run_id, metric, label_name=label_name, client=client, unlabelled=True)
+    scored = rows[rows["status"] == "scored"]
+    labelled = scored[scored["label"].notna()]
+    others = scored[scored["label"].isna()]
+    if len(labelled) < 2 or others.empty:
+        raise ValueError(f"run {run_id}: PPI needs at least 2 labelled and 1 unlabelled row the judge scored on "
+                         f"{metric_key(metric)}; found {len(labelled)} and {len(others)} (label rows in the MLflow UI "
+                         "or with mlflow.log_feedback, source HUMAN)")
+    estimate = ppi_mean(labelled["label"].astype(float), labelled["score"].astype(float),
+                        others["score"].astype(float), confidence=confidence)
+    if log:
+        key = metric_key(metric)
+        now = int(time.time() * 1000)
+        figures = {**estimate.as_metrics(key), f"{key}/ppi_lambda": estimate.lam}
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
+    return estimate

@@ -250,3 +250,47 @@ def test_label_values_the_ui_produces():
     for bad in ("maybe", 3, -0.1, None, [1]):
         with pytest.raises(ValueError):
             label_value(bad)
+
+
+def test_ppi_from_the_labels_on_a_run_is_logged_and_gated(tracking_uri, local_judge):
+    """PPI from a run: the judge's scores of every trace, the humans' labels on some; the
+    figures equal ppi_mean on the same numbers, land on the run, and a floor can read them."""
+    from mlflow.entities import Feedback
+
+    from mlflow_rag_eval.gate.checks import metric_checks
+    from mlflow_rag_eval.gate.policy import load_policy
+    from mlflow_rag_eval.ppi import ppi_mean
+
+    run_id = _evaluated_run(local_judge)
+    client = mlflow.MlflowClient()
+    traces = client.search_traces(locations=[client.get_run(run_id).info.experiment_id], run_id=run_id,
+                                  include_spans=False)
+    truth = _labels_frame()["label"].tolist()
+    labelled, unlabelled = ([], []), []
+    for trace in traces:
+        row = int(trace.info.trace_metadata["rag_eval.row"])
+        score = next(a for a in trace.info.assessments if isinstance(a, Feedback) and a.name == "faithfulness").value
+        if row % 4 >= 2:  # half the rows labelled, both labels among them
+            unlabelled.append(score)
+            continue
+        mlflow.log_feedback(trace_id=trace.info.trace_id, name="faithfulness", value=bool(truth[row]),
+                            source=_human("ana"))
+        labelled[0].append(float(truth[row]))
+        labelled[1].append(score)
+    out = CliRunner().invoke(main, ["ppi", "--run", run_id, "--metric", "faithfulness", "--tracking-uri", tracking_uri])
+    assert out.exit_code == 0, out.output
+    expected = ppi_mean(*labelled, unlabelled)
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["faithfulness/ppi_mean"] == pytest.approx(expected.mean, abs=1e-12)
+    assert (metrics["faithfulness/ppi_ci_low"], metrics["faithfulness/ppi_ci_high"]) == pytest.approx(
+        (expected.ci_low, expected.ci_high), abs=1e-12)
+    assert metrics["faithfulness/n_human"] == len(labelled[0]) == 10
+    assert f"PPI++ mean {expected.mean:.3f}" in out.output
+    floor = expected.ci_low - 0.01
+    for limit, passes in ((floor, True), (expected.ci_low + 0.01, False)):
+        policy = load_policy({"floors": {"faithfulness/ppi_ci_low": limit}, "min_scored_rows": 1,
+                              "calibration": {"required": False}})
+        (check,) = [c for c in metric_checks(metrics, policy) if c.kind.startswith("floor")]
+        assert check.passed is passes and check.value == pytest.approx(expected.ci_low)
+    refused = CliRunner().invoke(main, ["ppi", "--run", run_id, "--label-name", "nobody", "--tracking-uri", tracking_uri])
+    assert refused.exit_code == 2 and "at least 2 labelled" in refused.output

@@ -348,7 +348,7 @@ def _run_traces(client, run) -> list:
 
 
 def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str | None = None,
-                    client=None) -> tuple[pd.DataFrame, dict[str, str]]:
+                    client=None, unlabelled: bool = False) -> tuple[pd.DataFrame, dict[str, str]]:
     """Pair, trace by trace, the judge's Feedback on ``metric`` with the humans' Feedback.
 
     On each of the run's traces: the judge's value is the Feedback named after the metric key
@@ -357,6 +357,9 @@ def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: st
     named ``label_name`` (default: the metric key), the newest of each reviewer, averaged over
     reviewers. Traces without a label are left out; a label that is not a yes/no or a number
     in [0, 1] stops with an error naming the trace.
+
+    ``unlabelled``: keep the traces no human labelled too, with a None label (PPI needs the
+    judge's scores of every row).
 
     Returns:
         rows (trace id, label, score, status, justification) and the run's judge identity.
@@ -386,10 +389,10 @@ def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: st
                 who = a.source.source_id or "unknown"
                 if who not in humans or (a.create_time_ms or 0) >= (humans[who].create_time_ms or 0):
                     humans[who] = a
-        if not humans:
+        if not humans and not unlabelled:
             continue
         try:
-            label = float(np.mean([label_value(a.value) for a in humans.values()]))
+            label = float(np.mean([label_value(a.value) for a in humans.values()])) if humans else None
         except ValueError as exc:
             raise ValueError(f"trace {info.trace_id}, feedback {label_name!r}: {exc}") from None
         if judged is None:

@@ -92,6 +92,10 @@ Metric names are typed as users know them (``ndcg@10``) and stored as MLflow key
 (``ndcg_at_10``, see :mod:`mlflow_rag_eval.keys`). Every metric of this package scores rows in
 [0, 1], so floors and ceilings on ``mean``/``median``/``p10``/``ci_low``/``ci_high`` must lie in
 [0, 1]. A floor on ``ci_low`` fails when the run has no CI (one scored row, or all equal).
+Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_high``) that
+:func:`mlflow_rag_eval.ppi.ppi_from_run` logs once reviewers labelled some of the run's rows:
+``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the
+metric at 0.8 or more. A run without it fails that floor, like any missing statistic.
 
 The policy is a pydantic model (:class:`GatePolicy`, unknown keys forbidden at every level);
 its JSON schema ships beside this module as ``policy.schema.json``, for editors: put
@@ -127,13 +131,15 @@ __all__ = [
     "policy_json_schema", "write_json_schema",
 ]
 
-#: Aggregates a floor or ceiling may name: the per-run statistics the logger writes.
-STATS = AGGREGATES
+#: Aggregates a floor or ceiling may name: the per-run statistics the logger writes, and the
+#: PPI estimate :func:`mlflow_rag_eval.ppi.ppi_from_run` adds once humans labelled some rows.
+PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
+STATS = (*AGGREGATES, *PPI_STATS)
 #: the JSON schema of a policy file, generated from :class:`GatePolicy`
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
 # A digest is searched for as a tag value, and MLflow's filters have no escape for quotes.
 _DIGEST = r"^[\w.:+-]+$"
-_AGGREGATE = rf"^.+/({'|'.join(AGGREGATES)})$"
+_AGGREGATE = rf"^.+/({'|'.join(STATS)})$"
 #: what a pattern means, for the error message
 _PATTERNS = {_DIGEST: "a dataset digest (letters, digits and . : + - _)"}
 
