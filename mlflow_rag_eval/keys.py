@@ -45,7 +45,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
-    "AGGREGATES", "MAX_KEY_LENGTH", "SEGMENT_LIMIT", "SLICE", "aggregate_key", "display_name", "is_namespaced",
+    "AGGREGATES", "MAX_KEY_LENGTH", "PPI_STATS", "SEGMENT_LIMIT", "SLICE", "aggregate_key", "display_name", "is_namespaced",
     "is_slice_key", "metric_key", "metrics_in_columns", "score_column", "slice_prefix", "slice_segments",
     "split_aggregate_key",
 ]
@@ -53,6 +53,9 @@ __all__ = [
 #: the per-run statistics of a metric that are logged as ``<key>/<stat>`` and that a gate
 #: policy's floors and ceilings may name
 AGGREGATES = ("mean", "median", "p10", "ci_low", "ci_high")
+#: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.ppi`), logged as ``<key>/<stat>``
+#: once humans labelled some of a run's rows; floors may name these too
+PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
 _CUTOFF_KEY = re.compile(r"_at_(\d+)$")
 _SCORE = "/score"
 #: the level of a slice key after the metric key: ``<key>/slice/<field>/<value>/<stat>``

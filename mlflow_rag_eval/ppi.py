@@ -53,8 +53,12 @@ class PPIEstimate:
     human_mean: float
 
     def as_metrics(self, key: str) -> dict[str, float]:
-        return {f"{key}/ppi_mean": self.mean, f"{key}/ppi_ci_low": self.ci_low,
-                f"{key}/ppi_ci_high": self.ci_high, f"{key}/n_human": float(self.n_human)}
+        """``<key>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high`` (:data:`~mlflow_rag_eval.keys.PPI_STATS`)
+        and ``/n_human``."""
+        from mlflow_rag_eval.keys import PPI_STATS
+
+        values = dict(zip(PPI_STATS, (self.mean, self.ci_low, self.ci_high)))
+        return {**{f"{key}/{stat}": values[stat] for stat in PPI_STATS}, f"{key}/n_human": float(self.n_human)}
 
 
 def ppi_mean(human: Sequence[float], judge_on_human: Sequence[float], judge_unlabelled: Sequence[float], *,

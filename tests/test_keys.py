@@ -45,7 +45,7 @@ def test_every_caller_uses_the_one_mapping():
 
     assert results.metric_key is keys.metric_key  # the old import path keeps working
     assert MetricResult("ndcg@10", {}, ()).key == "ndcg_at_10"
-    assert checks.display_name is keys.display_name and policy.STATS == keys.AGGREGATES
+    assert checks.display_name is keys.display_name and policy.STATS == (*keys.AGGREGATES, *keys.PPI_STATS)
     run = EvaluatedRun("r", {}, __import__("pandas").DataFrame({"question": ["q"], "ndcg_at_10/score": [0.5]}), {})
     assert run.metric_keys() == ["ndcg_at_10"] and run.scores("ndcg@10").tolist() == [0.5]
 

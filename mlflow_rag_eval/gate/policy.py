@@ -124,7 +124,7 @@ from pydantic import (
     model_validator,
 )
 
-from mlflow_rag_eval.keys import AGGREGATES, aggregate_key, display_name, is_namespaced, is_slice_key, metric_key
+from mlflow_rag_eval.keys import AGGREGATES, PPI_STATS, aggregate_key, display_name, is_namespaced, is_slice_key, metric_key
 
 __all__ = [
     "CalibrationRequirement", "GatePolicy", "PolicyError", "RegressionTest", "SCHEMA_FILE", "load_policy",
@@ -133,7 +133,6 @@ __all__ = [
 
 #: Aggregates a floor or ceiling may name: the per-run statistics the logger writes, and the
 #: PPI estimate :func:`mlflow_rag_eval.ppi.ppi_from_run` adds once humans labelled some rows.
-PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
 STATS = (*AGGREGATES, *PPI_STATS)
 #: the JSON schema of a policy file, generated from :class:`GatePolicy`
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
