@@ -6,7 +6,8 @@ loads neither MLflow nor torch (the evaluator plugin is found by MLflow through 
 Routes into MLflow:
 - ``mlflow.models.evaluate(..., model_type="rag", evaluators="rag")`` — the evaluator plugin;
 - :func:`rag_metrics` — ``extra_metrics`` for MLflow's default evaluator;
-- :func:`rag_scorers` — scorers for ``mlflow.genai.evaluate``.
+- :func:`rag_scorers` — scorers for ``mlflow.genai.evaluate``;
+- :func:`evaluate_spark` — 100k to 10M rows on Spark (the ``spark`` extra), into the same run.
 Building blocks: :func:`evaluate_records`, :func:`get_judge`, :func:`rubric`,
 :func:`compare_runs`, :func:`compute_slices` (per-slice results); extension points: :func:`register_metric`, :func:`register_judge_provider`.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "compare_runs",
     "compute_slices",
     "evaluate_records",
+    "evaluate_spark",
     "get_judge",
     "rag_metrics",
     "rag_scorers",
@@ -36,6 +38,7 @@ _WHERE = {
     "RagRecord": "mlflow_rag_eval.records",
     "records_from_frame": "mlflow_rag_eval.records",
     "evaluate_records": "mlflow_rag_eval.engine",
+    "evaluate_spark": "mlflow_rag_eval.spark",  # imports pyspark, on first use only
     "get_judge": "mlflow_rag_eval.judges",
     "register_judge_provider": "mlflow_rag_eval.judges",
     "rag_metrics": "mlflow_rag_eval.integrations.mlflow_metrics",

@@ -29,10 +29,14 @@ from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.metrics.base import batch_memo
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
-from mlflow_rag_eval.results import MetricResult, RowResult
+from mlflow_rag_eval.results import MetricFigures, MetricResult, RowResult
+from mlflow_rag_eval.stats import SEED
 from mlflow_rag_eval.suite import DEFAULT_METRICS, Suite, fields_present, prepare_suite
 
-__all__ = ["DEFAULT_METRICS", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite"]
+__all__ = [
+    "DEFAULT_METRICS", "EvaluationFigures", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite",
+    "score_records",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -40,11 +44,17 @@ BATCH_SIZE = 1024
 
 
 @dataclass
-class EvaluationResult:
-    """Everything an evaluation produced, before any MLflow logging."""
+class EvaluationFigures:
+    """An evaluation's outcome without its rows: per-metric figures, the judge, the dataset.
 
-    records: list[RagRecord]
-    metrics: list[MetricResult]
+    What a run's metrics, params, tags, lineage and printed summary are made of. The
+    single-process route derives it from an :class:`EvaluationResult`
+    (:meth:`EvaluationResult.figures`); the Spark route aggregates it from score columns and
+    never holds the rows. One type for both, so both log and print the same things.
+    """
+
+    n_rows: int
+    metrics: list[MetricFigures]
     judge: JudgeInfo
     dataset_digest: str
     timings: dict[str, float] = field(default_factory=dict)
@@ -56,7 +66,7 @@ class EvaluationResult:
     #: metric name -> why the default suite left it out
     left_out: dict[str, str] = field(default_factory=dict)
     #: judge-graded metric key -> the judge's calibration run on it, or None (no record); filled
-    #: when the result is logged (the tracking store holds the calibrations)
+    #: when the evaluation is logged (the tracking store holds the calibrations)
     calibration: dict[str, str | None] = field(default_factory=dict)
 
     def summary_text(self) -> str:
@@ -64,7 +74,7 @@ class EvaluationResult:
         not applicable (why); what the default suite left out. Printed at the end of every
         evaluation, so a metric that failed is never found only by looking."""
         width = max([len(m.name) for m in self.metrics] + [6])
-        lines = [f"rag eval summary: {len(self.records)} rows, judge {self.judge.name}"]
+        lines = [f"rag eval summary: {self.n_rows} rows, judge {self.judge.name}"]
         for m in self.metrics:
             s = m.summary
             mean = f"mean {s.mean:.3f}" if s.mean is not None else "no score"
@@ -89,7 +99,7 @@ class EvaluationResult:
         lines += [f"  calibrated: {key} by run {run_id}" for key, run_id in self.calibration.items() if run_id]
         return lines
 
-    def failed_metrics(self, max_error_rate: float = 0.0) -> list[MetricResult]:
+    def failed_metrics(self, max_error_rate: float = 0.0) -> list[MetricFigures]:
         """The metrics whose error rate is above ``max_error_rate``."""
         return [m for m in self.metrics if m.error_rate > max_error_rate]
 
@@ -99,6 +109,52 @@ class EvaluationResult:
         for m in self.metrics:
             out.update(m.summary.as_metrics(m.key))
         return out
+
+
+@dataclass
+class EvaluationResult:
+    """Everything an evaluation produced, before any MLflow logging."""
+
+    records: list[RagRecord]
+    metrics: list[MetricResult]
+    judge: JudgeInfo
+    dataset_digest: str
+    timings: dict[str, float] = field(default_factory=dict)
+    judge_usage: dict[str, Any] = field(default_factory=dict)
+    #: the record fields the data provided (``reference``, ``relevant_ids``, ...)
+    fields: frozenset[str] = frozenset({"answer", "contexts"})
+    #: no metric was named: the suite is everything the data could feed
+    default_suite: bool = False
+    #: metric name -> why the default suite left it out
+    left_out: dict[str, str] = field(default_factory=dict)
+    #: judge-graded metric key -> the judge's calibration run on it, or None (no record); filled
+    #: when the result is logged (the tracking store holds the calibrations)
+    calibration: dict[str, str | None] = field(default_factory=dict)
+
+    def figures(self) -> EvaluationFigures:
+        """The outcome without the rows (it shares this result's ``calibration`` dict)."""
+        return EvaluationFigures(
+            n_rows=len(self.records), metrics=[m.figures() for m in self.metrics], judge=self.judge,
+            dataset_digest=self.dataset_digest, timings=self.timings, judge_usage=self.judge_usage,
+            fields=self.fields, default_suite=self.default_suite, left_out=self.left_out,
+            calibration=self.calibration,
+        )
+
+    def summary_text(self) -> str:
+        """See :meth:`EvaluationFigures.summary_text`."""
+        return self.figures().summary_text()
+
+    def calibration_lines(self) -> list[str]:
+        """See :meth:`EvaluationFigures.calibration_lines`."""
+        return self.figures().calibration_lines()
+
+    def failed_metrics(self, max_error_rate: float = 0.0) -> list[MetricResult]:
+        """The metrics whose error rate is above ``max_error_rate``."""
+        return [m for m in self.metrics if m.error_rate > max_error_rate]
+
+    def aggregates(self) -> dict[str, float]:
+        """See :meth:`EvaluationFigures.aggregates`."""
+        return self.figures().aggregates()
 
     def table(self, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
         """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``
@@ -132,6 +188,7 @@ def evaluate_records(
     mapping: ColumnMapping | None = None,
     progress: bool | None = None,
     suite: Suite | None = None,
+    seed: int = SEED,
 ) -> EvaluationResult:
     """Score ``records`` with a metric suite and a judge (default: the local MiniLM judge).
 
@@ -142,6 +199,7 @@ def evaluate_records(
         suite: a suite :func:`~mlflow_rag_eval.suite.prepare_suite` made already (the rag
             evaluator makes it before the pipeline runs); ``metrics`` and ``judge`` are then
             not used.
+        seed: the bootstrap seed of the metrics' CIs.
     """
     records = list(records)
     mapping = mapping or ColumnMapping()
@@ -152,12 +210,11 @@ def evaluate_records(
     suite.drop_inapplicable(records)
     for metric in suite.metrics:
         metric.validate(records, mapping)
-    runner = _Runner(suite, len(records), sys.stderr.isatty() if progress is None else progress)
-    rows = runner.score(records)
+    rows, timings = score_records(suite, records, progress=sys.stderr.isatty() if progress is None else progress)
     judge_obj = suite.judge
     results = [
         MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
-                     greater_is_better=m.greater_is_better, judged=bool(m.primitives))
+                     greater_is_better=m.greater_is_better, judged=bool(m.primitives), seed=seed)
         for m in suite.metrics
     ]
     return EvaluationResult(
@@ -165,12 +222,26 @@ def evaluate_records(
         metrics=results,
         judge=judge_obj.info() if judge_obj is not None else _NO_JUDGE,
         dataset_digest=dataset_digest(records),
-        timings=runner.timings,
+        timings=timings,
         judge_usage=judge_obj.usage() if judge_obj is not None else {},
         fields=frozenset(available_fields),
         default_suite=suite.default,
         left_out=dict(suite.left_out),
     )
+
+
+def score_records(suite: Suite, records: Sequence[RagRecord], *,
+                  progress: bool = False) -> tuple[dict[str, list[RowResult]], dict[str, float]]:
+    """Score records already validated for ``suite``: per metric name, one row result per
+    record, and the seconds each metric took.
+
+    The engine's batches and failure handling without the checks and the summary around them:
+    a runner that validates the data itself (Spark, per partition, before any of it is
+    scored) scores each share of the rows with this, so a row gets the same result on every
+    route.
+    """
+    runner = _Runner(suite, len(records), progress)
+    return runner.score(list(records)), runner.timings
 
 
 class _Runner:

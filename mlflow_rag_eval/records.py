@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -27,6 +27,8 @@ __all__ = [
     "refuse_duplicate_columns",
     "validate_inputs",
     "dataset_digest",
+    "dataset_item",
+    "digest_of_sorted_items",
     "parent_of",
 ]
 
@@ -478,20 +480,37 @@ def dataset_digest(records: Sequence[RagRecord]) -> str:
     The rows are a multiset, not a sequence: the same golden rows in another order (as
     ``mlflow.genai.evaluate``, scoring rows concurrently, hands them over) give the same digest.
     """
-    items = sorted(
-        json.dumps(
-            {
-                "q": r.question,
-                "ref": r.reference,
-                "rel": sorted((r.relevant_ids or {}).items()) if r.relevant_ids is not None else None,
-                "refctx": list(r.reference_contexts) if r.reference_contexts is not None else None,
-                "ans": r.answerable,
-            },
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-        for r in records
+    return digest_of_sorted_items(sorted(dataset_item(r) for r in records))
+
+
+def dataset_item(record: RagRecord) -> str:
+    """One record's share of :func:`dataset_digest`: its question and expectations as JSON.
+
+    A function of its own so that a route holding no rows (Spark computes each row's item in
+    its executors and sorts them there) digests exactly the same text.
+    """
+    return json.dumps(
+        {
+            "q": record.question,
+            "ref": record.reference,
+            "rel": sorted((record.relevant_ids or {}).items()) if record.relevant_ids is not None else None,
+            "refctx": list(record.reference_contexts) if record.reference_contexts is not None else None,
+            "ans": record.answerable,
+        },
+        sort_keys=True,
+        ensure_ascii=False,
     )
+
+
+def digest_of_sorted_items(items: Iterable[str]) -> str:
+    """:func:`dataset_digest` of :func:`dataset_item` texts given in sorted order, in constant
+    memory (an iterator is read once).
+
+    The order is Python's ``str`` order, code point by code point, which is also the byte
+    order of their UTF-8 (Spark's binary string sort gives the same sequence). The bytes hashed
+    are each item followed by a newline; an item (JSON) holds no newline, so consecutive items
+    may also be given joined by newlines, as one string: the same bytes, fewer calls.
+    """
     h = hashlib.sha256()
     for item in items:
         h.update(item.encode())

@@ -19,19 +19,25 @@ from typing import Any
 import numpy as np
 
 from mlflow_rag_eval.keys import AGGREGATES, metric_key  # metric_key re-exported: the key naming lives in keys.py
-from mlflow_rag_eval.stats import mean_ci
+from mlflow_rag_eval.stats import SEED, mean_ci
 
 __all__ = [
-    "ErrorRateExceeded", "MetricResult", "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize",
+    "ERROR_KIND_PATTERN", "UNNAMED_ERROR_KIND", "ErrorRateExceeded", "MetricFigures", "MetricResult",
+    "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize", "summarize_values",
 ]
 
-_KIND = re.compile(r"^([A-Za-z][A-Za-z0-9_]*):")
+#: the kind an error string starts with, before a colon; a Java regex too (Spark SQL groups a
+#: run's errors by it without bringing them to Python)
+ERROR_KIND_PATTERN = r"^([A-Za-z][A-Za-z0-9_]*):"
+#: the kind of an error that names none
+UNNAMED_ERROR_KIND = "Error"
+_KIND = re.compile(ERROR_KIND_PATTERN)
 
 
 def error_kind(error: str) -> str:
     """The kind a row's error starts with (``ParseError: ...`` -> ``ParseError``)."""
     match = _KIND.match(error or "")
-    return match.group(1) if match else "Error"
+    return match.group(1) if match else UNNAMED_ERROR_KIND
 
 
 class ErrorRateExceeded(RuntimeError):
@@ -103,6 +109,11 @@ class MetricSummary:
     ci_low: float | None = None
     ci_high: float | None = None
 
+    @property
+    def error_rate(self) -> float:
+        """Failed rows over the rows the metric applies to (0 when it applies to none)."""
+        return self.n_error / (self.n_scored + self.n_error) if self.n_scored + self.n_error else 0.0
+
     def as_metrics(self, key: str) -> dict[str, float]:
         """MLflow metric entries; statistics of an all-failed metric are left out, not NaN."""
         out: dict[str, float] = {
@@ -116,9 +127,9 @@ class MetricSummary:
         return out
 
 
-def summarize(rows: Sequence[RowResult]) -> MetricSummary:
-    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean (None when
-    not computable: one scored row, or all equal; see :mod:`mlflow_rag_eval.stats`)."""
+def summarize(rows: Sequence[RowResult], *, seed: int = SEED) -> MetricSummary:
+    """The summary of one metric's rows (:func:`summarize_values` of the scored values, in row
+    order, with the failed and not-applicable rows counted)."""
     scored, n_error, n_skipped = [], 0, 0
     for r in rows:  # one pass: summaries of 10k-row metrics are on the logging path
         if r.error is not None:
@@ -127,10 +138,22 @@ def summarize(rows: Sequence[RowResult]) -> MetricSummary:
             n_skipped += 1
         else:
             scored.append(r.value)
-    values = np.array(scored, dtype=float)
+    return summarize_values(scored, n_error, n_skipped, seed=seed)
+
+
+def summarize_values(values: Sequence[float] | np.ndarray, n_error: int, n_skipped: int, *,
+                     seed: int = SEED) -> MetricSummary:
+    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean (None when
+    not computable: one scored row, or all equal; see :mod:`mlflow_rag_eval.stats`).
+
+    The one home of a metric's statistics, on values rather than rows, so that a route that
+    never holds the rows (Spark collects only the score columns) computes the same figures.
+    ``values`` are the scored rows' values in row order: the mean's float sum follows it.
+    """
+    values = np.asarray(values, dtype=float)
     if len(values) == 0:
         return MetricSummary(None, None, None, 0, n_error, n_skipped)
-    ci = mean_ci(values)
+    ci = mean_ci(values, seed=seed)
     low, high = ci if ci is not None else (None, None)
     return MetricSummary(
         mean=float(values.mean()),
@@ -145,6 +168,40 @@ def summarize(rows: Sequence[RowResult]) -> MetricSummary:
 
 
 @dataclass(frozen=True)
+class MetricFigures:
+    """One metric's outcome over a run without its rows: what the run's metrics, params,
+    lineage and summary are made of.
+
+    :meth:`MetricResult.figures` derives it from the rows; a route that never holds the rows
+    (Spark) aggregates it from columns, so both log the same run from the same code.
+    """
+
+    name: str
+    spec: Mapping[str, Any]
+    summary: MetricSummary
+    greater_is_better: bool = True
+    judged: bool = False
+    #: ``(kind, rows, first example)`` per error kind, the most frequent first
+    failure_counts: tuple[tuple[str, int, str], ...] = ()
+    #: ``(reason, rows)`` per reason a row was not applicable, the most frequent first
+    skip_counts: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return metric_key(self.name)
+
+    @property
+    def error_rate(self) -> float:
+        return self.summary.error_rate
+
+    def failures(self) -> list[tuple[str, int, str]]:
+        return list(self.failure_counts)
+
+    def skip_reasons(self) -> list[tuple[str, int]]:
+        return list(self.skip_counts)
+
+
+@dataclass(frozen=True)
 class MetricResult:
     """All rows of one metric, with the metric's saved spec."""
 
@@ -154,6 +211,9 @@ class MetricResult:
     greater_is_better: bool = True
     #: computed with a judge (its rows are the judge's verdicts), not from ids alone
     judged: bool = False
+    #: the bootstrap seed of the summary's CI (every route uses :data:`~mlflow_rag_eval.stats.SEED`
+    #: unless told otherwise)
+    seed: int = SEED
 
     @property
     def key(self) -> str:
@@ -161,13 +221,17 @@ class MetricResult:
 
     @cached_property
     def summary(self) -> MetricSummary:
-        return summarize(self.rows)
+        return summarize(self.rows, seed=self.seed)
 
     @property
     def error_rate(self) -> float:
         """Failed rows over the rows the metric applies to (0 when it applies to none)."""
-        s = self.summary
-        return s.n_error / (s.n_scored + s.n_error) if s.n_scored + s.n_error else 0.0
+        return self.summary.error_rate
+
+    def figures(self) -> MetricFigures:
+        """The metric's outcome without its rows."""
+        return MetricFigures(self.name, self.spec, self.summary, self.greater_is_better, self.judged,
+                             tuple(self.failures()), tuple(self.skip_reasons()))
 
     def failures(self) -> list[tuple[str, int, str]]:
         """``(kind, rows, first example)`` per error kind, the most frequent first."""

@@ -28,6 +28,12 @@ What a run holds after an evaluation (one evaluation per run):
   ``<metric>/slice/<field>/<value>/<stat>`` (the same statistics as the run's, on the slice's
   rows; key segments as :mod:`mlflow_rag_eval.keys` makes them) and ``rag_eval/slices.json``
   (every slice's figures by field and value, which compare and the gate read).
+
+The run-level part (metrics, params, tags, lineage) is :func:`log_run_level`, on an
+evaluation's figures: every route calls it, so the Spark route (:mod:`mlflow_rag_eval.spark`),
+which need not hold the rows, logs the same keys with the same values. Above its
+``max_table_rows`` that route logs no per-row table or traces, caps the worst rows and renders
+the report from score columns; it tags where the scored rows are (``rag_eval.rows_path``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from mlflow import MlflowClient
 from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
 
-from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.gate.lookup import calibration_records
 from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
@@ -55,7 +61,7 @@ from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, 
 
 __all__ = [
     "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "SLICES_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
-    "assert_run_is_fresh", "lineage", "log_evaluation", "log_run_contents",
+    "assert_run_is_fresh", "lineage", "log_evaluation", "log_run_contents", "log_run_level",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -92,8 +98,14 @@ def assert_run_is_fresh(client: MlflowClient, run_id: str) -> None:
         )
 
 
-def lineage(result: EvaluationResult) -> dict[str, Any]:
-    """The evaluation's judge lineage, as written to ``rag_eval/judge_lineage.json``."""
+def _figures(result: EvaluationResult | EvaluationFigures) -> EvaluationFigures:
+    return result.figures() if isinstance(result, EvaluationResult) else result
+
+
+def lineage(result: EvaluationResult | EvaluationFigures) -> dict[str, Any]:
+    """The evaluation's judge lineage, as written to ``rag_eval/judge_lineage.json`` (of its
+    figures: the same document whether the rows were held or aggregated on Spark)."""
+    result = _figures(result)
     judge = result.judge
     return {
         "schema_version": 1,
@@ -118,7 +130,7 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
             m.name: [{"kind": kind, "rows": n, "example": example[:500]} for kind, n, example in m.failures()]
             for m in result.metrics if m.summary.n_error
         },
-        "dataset": {"digest": result.dataset_digest, "n_rows": len(result.records)},
+        "dataset": {"digest": result.dataset_digest, "n_rows": result.n_rows},
         "usage": result.judge_usage,
         "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
         "versions": {
@@ -128,9 +140,10 @@ def lineage(result: EvaluationResult) -> dict[str, Any]:
     }
 
 
-def announce(result: EvaluationResult, *, max_error_rate: float | None = None) -> None:
+def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: float | None = None) -> None:
     """Print the evaluation's summary on stderr, warn when any row failed, and raise
     :class:`ErrorRateExceeded` when a metric fails more often than ``max_error_rate``."""
+    result = _figures(result)
     print(result.summary_text(), file=sys.stderr)
     failing = [m for m in result.metrics if m.summary.n_error]
     if failing:
@@ -210,6 +223,68 @@ def _calibration_tags(calibration: dict[str, str | None]) -> dict[str, str]:
     return tags
 
 
+def log_run_level(
+    figures: EvaluationFigures,
+    run_id: str,
+    client: MlflowClient | None = None,
+    *,
+    tags: dict[str, str] | None = None,
+    extra_metrics: dict[str, float] | None = None,
+    extra_params: dict[str, str] | None = None,
+    skip_metrics: frozenset[str] = frozenset(),
+    table: bool = True,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """What a run holds whatever rows it has: aggregates, params, tags (judge identity, dataset
+    digest, calibration) and ``rag_eval/judge_lineage.json``; returns the metrics logged and the
+    lineage document.
+
+    Every route calls it with its evaluation's figures, so runs of the same rows hold the same
+    keys: the single-process route through :func:`log_run_contents`, the Spark route with
+    figures aggregated from score columns. Sets ``figures.calibration``.
+
+    Args:
+        extra_metrics: further metrics (a sliced run's per-slice statistics).
+        extra_params: further params (``rag_eval.slice_by``).
+        skip_metrics: keys another writer logs (see :func:`log_run_contents`).
+        table: the run gets ``eval_results_table.json`` (the UI's evaluation view is told so
+            through the ``mlflow.loggedArtifacts`` tag); false for runs logged without one.
+    """
+    client = client or MlflowClient()
+    judge = figures.judge
+    metrics = {**figures.aggregates(), **(extra_metrics or {})}
+    now = int(time.time() * 1000)
+    figures.calibration = calibration_records(client, [m.key for m in figures.metrics], judge.fingerprint,
+                                              judge.prompts_version)
+    params = {
+        "rag_eval.judge": judge.name,
+        "rag_eval.judge_fingerprint": judge.fingerprint,
+        "rag_eval.prompts_version": judge.prompts_version,
+        "rag_eval.metrics": ",".join(m.name for m in figures.metrics),
+        "rag_eval.dataset_digest": figures.dataset_digest,
+        **(extra_params or {}),
+    }
+    tags = {
+        MLFLOW_RUN_TYPE: MLFLOW_RUN_TYPE_GENAI_EVALUATE,
+        **({MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id)} if table else {}),
+        EVALUATED_TAG: "true",
+        "rag_eval.judge": judge.name,
+        "rag_eval.judge_fingerprint": judge.fingerprint,
+        "rag_eval.dataset_digest": figures.dataset_digest,
+        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+        **_calibration_tags(figures.calibration),
+        **(tags or {}),
+    }
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
+        params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )
+    lineage_doc = lineage(figures)
+    client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
+    return metrics, lineage_doc
+
+
 def log_run_contents(
     result: EvaluationResult,
     run_id: str,
@@ -225,46 +300,20 @@ def log_run_contents(
     (MLflow's genai harness logs the aggregations it computed itself), left out here so no
     metric is logged twice. ``slice_by``: see :func:`log_evaluation`."""
     client = client or MlflowClient()
-    judge = result.judge
     slice_by = check_slice_by(list(slice_by) if slice_by else None)
     # Computed first: a field no row has, or too many values, is refused before anything is logged.
     slices = compute_slices(result, slice_by) if slice_by else None
-    metrics = {**result.aggregates(), **(slices.as_metrics() if slices else {})}
-    now = int(time.time() * 1000)
-    result.calibration = calibration_records(client, [m.key for m in result.metrics], judge.fingerprint,
-                                             judge.prompts_version)
-    params = {
-        "rag_eval.judge": judge.name,
-        "rag_eval.judge_fingerprint": judge.fingerprint,
-        "rag_eval.prompts_version": judge.prompts_version,
-        "rag_eval.metrics": ",".join(m.name for m in result.metrics),
-        "rag_eval.dataset_digest": result.dataset_digest,
-    }
-    if slices:
-        params[SLICE_BY_PARAM] = json.dumps(list(slice_by), ensure_ascii=False)
-    tags = {
-        MLFLOW_RUN_TYPE: MLFLOW_RUN_TYPE_GENAI_EVALUATE,
-        MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id),
-        EVALUATED_TAG: "true",
-        "rag_eval.judge": judge.name,
-        "rag_eval.judge_fingerprint": judge.fingerprint,
-        "rag_eval.dataset_digest": result.dataset_digest,
-        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
-        **_calibration_tags(result.calibration),
-        **(tags or {}),
-    }
-    client.log_batch(
-        run_id,
-        metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
-        params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-        tags=[RunTag(k, v) for k, v in tags.items()],
+    figures = result.figures()
+    metrics, lineage_doc = log_run_level(
+        figures, run_id, client, tags=tags, skip_metrics=skip_metrics,
+        extra_metrics=slices.as_metrics() if slices else None,
+        extra_params={SLICE_BY_PARAM: json.dumps(list(slice_by), ensure_ascii=False)} if slices else None,
     )
+    result.calibration = figures.calibration
     # MLflow's table format, written here rather than by MlflowClient.log_table, whose JSON
     # keeps 10 significant digits: a row's score in the table must equal its assessment.
     table = result.table(trace_ids).to_json(orient="split", index=False, double_precision=15)
     client.log_text(run_id, table, TABLE_FILE)
-    lineage_doc = lineage(result)
-    client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
     worst = worst_rows(result)
     # log_dict indents, which turns off the C JSON encoder: 3x slower on 10k rows.
     client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)

@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["render_report", "worst_rows"]
+__all__ = ["render_figures_report", "render_report", "worst_rows"]
 
-_WHERE = {"render_report": "mlflow_rag_eval.report._html", "worst_rows": "mlflow_rag_eval.report._worst"}
+_WHERE = {
+    "render_figures_report": "mlflow_rag_eval.report._html",
+    "render_report": "mlflow_rag_eval.report._html",
+    "worst_rows": "mlflow_rag_eval.report._worst",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,18 +13,20 @@ by the template engine, and nothing from the data is ever written as markup.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from markupsafe import Markup
 
-from mlflow_rag_eval.engine import EvaluationResult
+from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.gate.lookup import uncalibrated_warning
 from mlflow_rag_eval.report._svg import histogram_svg, quadrant_data, quadrant_svg
 from mlflow_rag_eval.report._templates import render
 from mlflow_rag_eval.report._worst import worst_rows
 from mlflow_rag_eval.stats import ci_missing
 
-__all__ = ["render_report", "ROWS_SHOWN", "QUADRANT_METRICS"]
+__all__ = ["render_figures_report", "render_report", "ROWS_SHOWN", "QUADRANT_METRICS"]
 
 #: worst rows (and errors) shown per metric on the page; all of them are in worst_rows.json
 ROWS_SHOWN = 20
@@ -56,41 +58,44 @@ def _subtitle(lineage: dict[str, Any]) -> str:
     return " · ".join(sub)
 
 
-def _summary(result: EvaluationResult) -> list[dict[str, Any]]:
+def _scored(scores: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    column = scores[key]
+    return column[~np.isnan(column)]
+
+
+def _summary(figures: EvaluationFigures, scores: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     rows = []
-    for m in result.metrics:
+    for m in figures.metrics:
         s = m.summary
         missing = None
         if s.ci_low is None:
-            values = [r.value for r in m.rows if r.status == "scored"]
-            missing = f"not computable: {ci_missing(values)}" if values else "no scored row"
+            values = _scored(scores, m.key)
+            missing = f"not computable: {ci_missing(values)}" if len(values) else "no scored row"
         rows.append({"name": m.name, "greater_is_better": m.greater_is_better, "mean": s.mean, "median": s.median,
                      "p10": s.p10, "ci_low": s.ci_low, "ci_high": s.ci_high, "ci_missing": missing,
                      "n_scored": s.n_scored, "n_error": s.n_error, "n_skipped": s.n_skipped})
     return rows
 
 
-def _distributions(result: EvaluationResult) -> list[dict[str, Any]]:
-    figures = []
-    for m in result.metrics:
-        values = [r.value for r in m.rows if r.status == "scored"]
+def _distributions(figures: EvaluationFigures, scores: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    charts = []
+    for m in figures.metrics:
+        values = _scored(scores, m.key)
         svg, n_clamped = histogram_svg(
             values, m.summary.mean, chart_id=f"hist-{m.key}", label=f"distribution of {m.name} scores"
         )
         # The charts are built by _svg, which escapes every text it writes: markup of our own.
-        figures.append({"name": m.name, "arrow": "↑" if m.greater_is_better else "↓", "svg": Markup(svg),
-                        "n_scored": len(values), "n_clamped": n_clamped})
-    return figures
+        charts.append({"name": m.name, "arrow": "↑" if m.greater_is_better else "↓", "svg": Markup(svg),
+                       "n_scored": len(values), "n_clamped": n_clamped})
+    return charts
 
 
-def _quadrant(result: EvaluationResult) -> dict[str, Any] | None:
-    by_name = {m.name: m for m in result.metrics}
+def _quadrant(figures: EvaluationFigures, scores: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+    by_name = {m.name: m for m in figures.metrics}
     x_name, y_name = QUADRANT_METRICS
     if x_name not in by_name or y_name not in by_name:
         return None
-    xs = [r.value if r.status == "scored" else None for r in by_name[x_name].rows]
-    ys = [r.value if r.status == "scored" else None for r in by_name[y_name].rows]
-    data = quadrant_data(xs, ys)
+    data = quadrant_data(scores[by_name[x_name].key], scores[by_name[y_name].key])
     notes = [f"{len(data.rows):,} rows scored on both metrics"]
     if data.n_missing:
         notes.append(f"{data.n_missing:,} rows left out (missing either score)")
@@ -120,9 +125,9 @@ def _evidence_text(evidence: Any) -> str:
     return text
 
 
-def _worst(result: EvaluationResult, worst: dict[str, Any]) -> list[dict[str, Any]]:
+def _worst(figures: EvaluationFigures, worst: dict[str, Any]) -> list[dict[str, Any]]:
     blocks = []
-    for m in result.metrics:
+    for m in figures.metrics:
         w = worst["metrics"].get(m.key)
         if w is None:
             continue
@@ -131,7 +136,8 @@ def _worst(result: EvaluationResult, worst: dict[str, Any]) -> list[dict[str, An
         if w["best"] is not None and w["note"]:
             note_long = f"{w['note']}: all {w['n_scored']:,} scored rows score {w['best']:.3f}, the best score seen"
         blocks.append({"name": m.name, "rows": rows, "n_rows": len(w["worst"]), "errors": w["errors"][:ROWS_SHOWN],
-                       "n_errors": len(w["errors"]), "cutoff": w["cutoff"],
+                       # every failed row (worst_rows.json lists them all, or the first ``limit``)
+                       "n_errors": w["n_error"], "errors_listed": len(w["errors"]), "cutoff": w["cutoff"],
                        "side": "≤" if m.greater_is_better else "≥", "note": w["note"], "note_long": note_long})
     return blocks
 
@@ -162,9 +168,9 @@ def _slices(slices) -> list[dict[str, Any]]:
     return out
 
 
-def _usage(result: EvaluationResult, lineage: dict[str, Any]) -> list[tuple[str, str]]:
+def _usage(figures: EvaluationFigures, lineage: dict[str, Any]) -> list[tuple[str, str]]:
     tiles = []
-    for key, value in (lineage.get("usage", result.judge_usage) or {}).items():
+    for key, value in (lineage.get("usage", figures.judge_usage) or {}).items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         shown = f"{value:,}" if isinstance(value, int) else f"{value:,.4f}".rstrip("0").rstrip(".")
@@ -193,25 +199,48 @@ def render_report(
     20 worst rows and 20 errors, so the page stays well under 2 MB.
     """
     worst = worst if worst is not None else worst_rows(result)
+    scores = {m.key: np.array([r.value if r.status == "scored" else np.nan for r in m.rows], dtype=float)
+              for m in result.metrics}
+    return render_figures_report(result.figures(), scores, lineage, title, worst=worst, slices=slices)
+
+
+def render_figures_report(
+    figures: EvaluationFigures,
+    scores: Mapping[str, np.ndarray],
+    lineage: dict[str, Any],
+    title: str = "RAG evaluation",
+    *,
+    worst: dict[str, Any],
+    slices=None,
+) -> str:
+    """The page of :func:`render_report` from what a run holds without its rows: the figures,
+    every row's score per metric key (NaN where not scored, in row order) and the worst rows.
+
+    The Spark route renders its report with it; a ``worst`` document with a ``limit`` (the worst
+    rows capped per metric) is described as such on the page.
+    """
+    limit = worst.get("limit")
+    percent = f"{100 * worst['fraction']:g}%"
     return render(
         "report.html.j2",
         title=title,
         subtitle=_subtitle(lineage),
-        dataset_digest=result.dataset_digest,
-        n_rows=len(result.records),
-        judge=result.judge,
+        dataset_digest=figures.dataset_digest,
+        n_rows=figures.n_rows,
+        judge=figures.judge,
         # the banner's bold "Uncalibrated judge." heads the warning, which then need not repeat it
-        uncalibrated=(uncalibrated_warning(result.judge.name, result.calibration) or "").removeprefix(
+        uncalibrated=(uncalibrated_warning(figures.judge.name, figures.calibration) or "").removeprefix(
             "uncalibrated judge: "),
-        calibrated=[(k, r) for k, r in result.calibration.items() if r],
-        summary=_summary(result),
+        calibrated=[(k, r) for k, r in figures.calibration.items() if r],
+        summary=_summary(figures, scores),
         slices=_slices(slices),
         slice_metrics=[name for name, _ in (slices.metrics.values() if slices is not None else [])],
-        distributions=_distributions(result),
-        quadrant=_quadrant(result),
-        worst=_worst(result, worst),
-        worst_percent=f"{100 * worst['fraction']:g}%",
+        distributions=_distributions(figures, scores),
+        quadrant=_quadrant(figures, scores),
+        worst=_worst(figures, worst),
+        worst_percent=f"{percent} (at most {limit} per metric)" if limit else percent,
+        worst_limit=limit,
         rows_shown=ROWS_SHOWN,
-        usage=_usage(result, lineage),
+        usage=_usage(figures, lineage),
         lineage_json=json.dumps(lineage, indent=2, ensure_ascii=False, default=str),
     )

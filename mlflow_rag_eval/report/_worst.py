@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlflow_rag_eval.engine import EvaluationResult
-from mlflow_rag_eval.results import MetricResult
+from mlflow_rag_eval.results import MetricFigures, MetricResult, RowResult
 
-__all__ = ["worst_rows", "json_safe", "truncate", "WORST_ROWS_SCHEMA_VERSION"]
+__all__ = ["worst_rows", "json_safe", "metric_entry", "row_entry", "truncate", "WORST_ROWS_SCHEMA_VERSION"]
 
 #: 2: rows at the best score are left out; ``best`` and ``note`` added
 WORST_ROWS_SCHEMA_VERSION = 2
@@ -88,25 +88,25 @@ def _support(row) -> float:
     return float(support) if support is not None else float(row.value)
 
 
-def _note(metric: MetricResult, chosen: list[int], best: float | None) -> str | None:
+def _note(greater_is_better: bool, chosen: list[int], best: float | None) -> str | None:
     if best is None:
         return "no scored row"
     if chosen:
         return None
-    return f"no row {'below' if metric.greater_is_better else 'above'} {best:.3f}"
+    return f"no row {'below' if greater_is_better else 'above'} {best:.3f}"
 
 
 def _question_answer(result: EvaluationResult, i: int) -> tuple[str | None, str | None]:
     if i >= len(result.records):
         return None, None
     record = result.records[i]
-    return truncate(record.question), truncate(record.answer)
+    return record.question, record.answer
 
 
-def _row_entry(result: EvaluationResult, metric, i: int, *, error: bool) -> dict[str, Any]:
-    row = metric.rows[i]
-    question, answer = _question_answer(result, i)
-    entry: dict[str, Any] = {"row": i, "question": question, "answer": answer}
+def row_entry(i: int, question: str | None, answer: str | None, row: RowResult, *, error: bool) -> dict[str, Any]:
+    """One listed row of :func:`worst_rows` (``question`` and ``answer`` uncut): the one place
+    its fields are written, for the rows held in memory and for those a Spark route selected."""
+    entry: dict[str, Any] = {"row": i, "question": truncate(question), "answer": truncate(answer)}
     if error:
         entry["error"] = row.error
     else:
@@ -115,9 +115,9 @@ def _row_entry(result: EvaluationResult, metric, i: int, *, error: bool) -> dict
     return entry
 
 
-def _metric_worst(result: EvaluationResult, metric, fraction: float, min_rows: int) -> dict[str, Any]:
-    """One metric's entry of :func:`worst_rows`."""
-    chosen, cutoff, best = _worst_indices(metric, fraction, min_rows)
+def metric_entry(metric: MetricResult | MetricFigures, *, best: float | None, cutoff: float | None,
+                 worst: list[dict[str, Any]], errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metric's entry of :func:`worst_rows`, from the rows chosen (:func:`row_entry` each)."""
     summary = metric.summary
     return {
         "name": metric.name,
@@ -127,11 +127,25 @@ def _metric_worst(result: EvaluationResult, metric, fraction: float, min_rows: i
         "n_skipped": summary.n_skipped,
         "best": json_safe(best),
         "cutoff": json_safe(cutoff),
-        "note": _note(metric, chosen, best),
-        "worst": [_row_entry(result, metric, i, error=False) for i in chosen],
-        "errors": [_row_entry(result, metric, i, error=True)
-                   for i, row in enumerate(metric.rows) if row.status == "error"],
+        "note": _note(metric.greater_is_better, [e["row"] for e in worst], best),
+        "worst": worst,
+        "errors": errors,
     }
+
+
+def _row_entry(result: EvaluationResult, metric, i: int, *, error: bool) -> dict[str, Any]:
+    question, answer = _question_answer(result, i)
+    return row_entry(i, question, answer, metric.rows[i], error=error)
+
+
+def _metric_worst(result: EvaluationResult, metric, fraction: float, min_rows: int) -> dict[str, Any]:
+    """One metric's entry of :func:`worst_rows`."""
+    chosen, cutoff, best = _worst_indices(metric, fraction, min_rows)
+    return metric_entry(
+        metric, best=best, cutoff=cutoff,
+        worst=[_row_entry(result, metric, i, error=False) for i in chosen],
+        errors=[_row_entry(result, metric, i, error=True) for i, row in enumerate(metric.rows) if row.status == "error"],
+    )
 
 
 def worst_rows(result: EvaluationResult, fraction: float = 0.1, min_rows: int = 1) -> dict[str, Any]:

@@ -1,0 +1,270 @@
+"""``evaluate_spark``: validate every row, score partitions on the executors, log one run.
+
+Order of work, as on the single-process route, so that bad input never costs a judge call and
+never leaves half a run:
+
+1. the suite, on the driver, from the data's columns (:func:`~mlflow_rag_eval.suite.prepare_suite`);
+2. every row read and checked in the executors, no judge called; the first bad cell is raised
+   on the driver as the :class:`~mlflow_rag_eval.records.RecordError` the single-process route
+   raises, naming the global row and the column;
+3. the rows scored per partition (``mapInArrow``) and written as Parquet at ``output``;
+4. the figures read back (only score columns come to the driver), the run logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from pyspark.errors import PythonException
+from pyspark.sql import DataFrame
+
+from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult, no_judge
+from mlflow_rag_eval.integrations.mlflow_logging import (
+    REPORT_FILE,
+    WORST_ROWS_FILE,
+    announce,
+    assert_run_is_fresh,
+    log_evaluation,
+    log_run_level,
+)
+from mlflow_rag_eval.judges import DEFAULT_JUDGE, JudgeUnreachable
+from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
+from mlflow_rag_eval.report import render_figures_report
+from mlflow_rag_eval.spark import _collect
+from mlflow_rag_eval.spark._index import ROW, read_indexed, spread
+from mlflow_rag_eval.spark._worker import FACTS_SCHEMA, Plan, SumParam, output_schema, score_batches, validate_batches
+from mlflow_rag_eval.stats import SEED
+from mlflow_rag_eval.suite import Suite, prepare_suite
+
+__all__ = ["ROWS_ARTIFACT_DIR", "ROWS_ARTIFACT_LIMIT", "ROWS_PATH_TAG", "SparkEvaluation", "evaluate_spark"]
+
+_logger = logging.getLogger(__name__)
+
+#: run tag: where the scored rows were written (Parquet, one row per input row)
+ROWS_PATH_TAG = "rag_eval.rows_path"
+#: the scored rows' Parquet files are logged as artifacts under this folder when small enough
+ROWS_ARTIFACT_DIR = "rag_eval/rows"
+#: ... that is, up to this many bytes (and written on a filesystem the driver can read)
+ROWS_ARTIFACT_LIMIT = 64 * 1024 * 1024
+_FIELDS = ("reference", "relevant_ids", "reference_contexts", "answerable")
+
+
+@dataclass(frozen=True)
+class SparkEvaluation:
+    """What :func:`evaluate_spark` did: the run, where the scored rows are, the figures logged."""
+
+    run_id: str
+    #: the Parquet folder of scored rows (:func:`~mlflow_rag_eval.spark._worker.output_schema`)
+    output: str
+    figures: EvaluationFigures
+    #: the metrics logged on the run
+    metrics: dict[str, float]
+    #: the run got the per-row table, traces and the full report (at most ``max_table_rows`` rows)
+    rows_logged: bool
+
+
+def evaluate_spark(
+    data: DataFrame | str | os.PathLike,
+    metrics: list[str | Metric] | None = None,
+    judge: str = DEFAULT_JUDGE,
+    *,
+    col_mapping: dict[str, str] | None = None,
+    output: str | None = None,
+    run_id: str | None = None,
+    max_table_rows: int = 100_000,
+    seed: int = SEED,
+    log_traces: bool = True,
+) -> SparkEvaluation:
+    """Evaluate a Spark DataFrame (or a Parquet path) of RAG rows into one MLflow run.
+
+    The run holds what a single-process evaluation of the same rows holds (metric keys, params,
+    tags, lineage, worst rows), with the same values. Up to ``max_table_rows`` rows it also gets
+    the per-row table, a trace per row and the full report, exactly as on the single-process
+    route (those rows come to the driver to be logged); above, the figures come from the score
+    columns only, and the rows stay in the Parquet at ``output``.
+
+    Args:
+        data: a DataFrame, whose order (as ``collect()`` gives it) numbers the rows, or a Parquet
+            path, numbered as ``pandas.read_parquet`` reads it.
+        metrics: metric names (default: the suite the data can feed), as for ``evaluate_records``.
+        judge: a judge *name*: it is rebuilt in each Python worker, never pickled.
+        col_mapping: record field -> column, e.g. ``{"question": "query"}``.
+        output: where to write the scored rows (a new folder; on a cluster, a path every executor
+            can write). Default: a new temporary folder on the driver, fine for ``local[*]``.
+        run_id: the run to log into (default: the active run, else a new one).
+        max_table_rows: the most rows for which the per-row artifacts and traces are logged.
+        seed: the bootstrap seed of the CIs (every route uses 0 unless told otherwise).
+        log_traces: with the per-row artifacts, a trace per row (as ``log_traces`` of the evaluator).
+
+    Raises:
+        RecordError: the first bad cell (global row index and column), before any judge call and
+            with nothing logged.
+        JudgeUnreachable: a worker could not reach the judge; nothing is logged.
+    """
+    if not isinstance(judge, str):
+        raise TypeError(f"on Spark a judge is given by name (it is rebuilt in each worker, never pickled), "
+                        f"got {type(judge).__name__}")
+    mapping = ColumnMapping.from_config(col_mapping)
+    client = MlflowClient()
+    active = mlflow.active_run()
+    run_id = run_id or (active.info.run_id if active else None)
+    if run_id is not None:
+        assert_run_is_fresh(client, run_id)
+
+    indexed, n_rows = read_indexed(data)
+    columns = [c for c in indexed.columns if c != ROW]
+    # Whole-column problems (a required column missing, a name twice) from the schema alone,
+    # by the single-process code: an empty frame with the data's columns.
+    records_from_frame(pd.DataFrame(columns=columns), mapping)
+    available = {"answer", "contexts"} | {f for f in _FIELDS if getattr(mapping, f) in columns}
+    suite = prepare_suite(metrics, judge, available, mapping)
+    plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
+                evaluation=uuid.uuid4().hex, check_applicable=suite.default)
+    indexed = spread(indexed, n_rows)
+    start = time.perf_counter()
+    _validate(indexed, plan, suite)
+    _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
+    plan = replace(plan, metrics=tuple(suite.metrics), check_applicable=False)
+
+    output = output or os.path.join(tempfile.mkdtemp(prefix="rag_eval_spark_"), "rows")
+    spark = indexed.sparkSession
+    usage, timings = spark.sparkContext.accumulator({}, SumParam()), spark.sparkContext.accumulator({}, SumParam())
+    start = time.perf_counter()
+    with _judge_errors():
+        indexed.mapInArrow(partial(score_batches, plan, usage, timings), output_schema(plan)).write.parquet(output)
+    _logger.info("rag eval: %d rows scored in %.1f s, written to %s", n_rows, time.perf_counter() - start, output)
+    out = spark.read.parquet(output)
+    judge_info = suite.judge.info() if suite.judge is not None else no_judge()
+    context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
+                   fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
+
+    if run_id is None:
+        with mlflow.start_run() as run:
+            return _log(out, indexed, plan, n_rows, context, output, run.info.run_id, client,
+                        max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+    return _log(out, indexed, plan, n_rows, context, output, run_id, client,
+                max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+
+
+def _validate(indexed: DataFrame, plan: Plan, suite: Suite) -> None:
+    """Raise the error the single-process route would raise first; drop, from a default suite,
+    the metrics that apply to no row (as ``Suite.drop_inapplicable``)."""
+    facts = indexed.mapInArrow(partial(validate_batches, plan), FACTS_SCHEMA).collect()
+    record_errors = sorted((f for f in facts if f["kind"] == "record_error"), key=lambda f: f["row"])
+    if record_errors:  # every record is read before any metric checks them
+        f = record_errors[0]
+        raise RecordError(f["reason"], row=f["row"], column=f["column"])
+    if suite.default:
+        applies: dict[str, list] = {}
+        for f in facts:
+            if f["kind"] == "applies":
+                applies.setdefault(f["metric"], []).append(f)
+        kept = []
+        for metric in suite.metrics:
+            seen = sorted(applies.get(metric.display_name, []), key=lambda f: f["row"])
+            if seen and not any(f["applies"] for f in seen):
+                suite.left_out[metric.display_name] = f"applies to no row ({seen[0]['reason']})"
+            else:
+                kept.append(metric)
+        suite.metrics = kept
+    for metric in suite.metrics:  # in suite order, each at its first refused row
+        refused = sorted((f for f in facts if f["kind"] == "metric_error" and f["metric"] == metric.display_name),
+                         key=lambda f: f["row"])
+        if refused:
+            raise RecordError(refused[0]["reason"], row=refused[0]["row"], column=refused[0]["column"])
+
+
+@contextlib.contextmanager
+def _judge_errors() -> Iterator[None]:
+    """A worker that could not reach the judge fails its task; the driver raises what the
+    single-process route raises, :class:`JudgeUnreachable`, rather than Spark's wrapper."""
+    try:
+        yield
+    except PythonException as exc:
+        lines = [line for line in str(exc).splitlines() if "JudgeUnreachable" in line]
+        if lines:
+            raise JudgeUnreachable(lines[-1].strip()) from exc
+        raise
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Judge usage summed over the workers, rounded as a judge rounds its own."""
+    out = dict(usage)
+    for key, digits in (("cost_usd", 6), ("latency_s", 3)):
+        if isinstance(out.get(key), float):
+            out[key] = round(out[key], digits)
+    return out
+
+
+def _log(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, context: dict, output: str, run_id: str,
+         client: MlflowClient, *, max_table_rows: int, seed: int, log_traces: bool) -> SparkEvaluation:
+    tags = {ROWS_PATH_TAG: output}
+    if n_rows <= max_table_rows:
+        figures, metrics = _log_held(out, indexed, plan, n_rows, context, run_id, client, tags=tags, seed=seed,
+                                     log_traces=log_traces)
+    else:
+        _logger.warning("rag eval: %d rows > max_table_rows=%d: the run gets the figures, worst rows and report, "
+                        "not the per-row table or traces; every row's results are in %s", n_rows, max_table_rows,
+                        output)
+        figures, metrics = _log_figures(out, plan, n_rows, context, run_id, client, tags=tags, seed=seed)
+    _log_rows(client, run_id, output)
+    announce(figures)
+    return SparkEvaluation(run_id=run_id, output=output, figures=figures, metrics=metrics,
+                           rows_logged=n_rows <= max_table_rows)
+
+
+def _log_held(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, context: dict, run_id: str,
+              client: MlflowClient, *, tags: dict[str, str], seed: int,
+              log_traces: bool) -> tuple[EvaluationFigures, dict[str, float]]:
+    """A run small enough to hold: the records and row results come to the driver and the run is
+    logged by the single-process route's :func:`log_evaluation` (table, traces, report and all)."""
+    records = _collect.records(indexed, plan)
+    result = EvaluationResult(records=records, metrics=_collect.metric_results(out, plan.metrics, n_rows, seed=seed),
+                              dataset_digest=dataset_digest(records), **context)
+    metrics = log_evaluation(result, run_id, client, tags=tags, log_traces=log_traces)
+    return result.figures(), metrics
+
+
+def _log_figures(out: DataFrame, plan: Plan, n_rows: int, context: dict, run_id: str, client: MlflowClient, *,
+                 tags: dict[str, str], seed: int) -> tuple[EvaluationFigures, dict[str, float]]:
+    """A run too large to hold: figures from the score columns, the run-level contents as every
+    route logs them, the worst rows capped, the report from the score columns."""
+    scores = _collect.score_arrays(out, plan.metrics, n_rows)
+    figures = EvaluationFigures(n_rows=n_rows, metrics=_collect.metric_figures(out, plan.metrics, scores, n_rows,
+                                                                                seed=seed),
+                                dataset_digest=_collect.digest(out), **context)
+    metrics, lineage_doc = log_run_level(figures, run_id, client, tags=tags, table=False)
+    worst = _collect.worst_rows(out, figures.metrics, scores, n_rows)
+    client.log_text(run_id, json.dumps(worst), WORST_ROWS_FILE)
+    client.log_text(run_id, render_figures_report(figures, scores, lineage_doc, worst=worst), REPORT_FILE)
+    return figures, metrics
+
+
+def _log_rows(client: MlflowClient, run_id: str, output: str) -> None:
+    """The scored rows' Parquet files as artifacts, when the driver can read them and they are small."""
+    path = output.removeprefix("file:")
+    if "://" in path or not os.path.isdir(path):
+        _logger.info("rag eval: scored rows at %s (tag %s), not logged as artifacts", output, ROWS_PATH_TAG)
+        return
+    files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".parquet")]
+    size = sum(os.path.getsize(f) for f in files)
+    if size > ROWS_ARTIFACT_LIMIT:
+        _logger.warning("rag eval: the scored rows (%.0f MB) are not logged as artifacts (limit %.0f MB); they are "
+                        "at %s (tag %s)", size / 2**20, ROWS_ARTIFACT_LIMIT / 2**20, output, ROWS_PATH_TAG)
+        return
+    for f in sorted(files):
+        client.log_artifact(run_id, f, ROWS_ARTIFACT_DIR)
