@@ -367,7 +367,7 @@ def _read_rows(path: str):
     import pandas as pd
 
     suffix = Path(path).suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if suffix in (".parquet", ".pq") or Path(path).is_dir():  # a folder: Parquet files, as Spark writes them
         return pd.read_parquet(path)
     if suffix in (".jsonl", ".ndjson"):
         return pd.read_json(path, lines=True, dtype=False)
@@ -379,9 +379,9 @@ def _read_rows(path: str):
 
 
 @main.command("evaluate")
-@click.option("--data", "data_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--data", "data_path", required=True, type=click.Path(exists=True),
               help="Rows with their predictions (question, answer, contexts, and what a golden set holds): "
-                   ".parquet, .jsonl or .csv.")
+                   ".parquet (a file or a folder of them), .jsonl or .csv.")
 @click.option("--metrics", default=None, help="Metric names, comma-separated (default: all the data can feed).")
 @click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
 @click.option("--slice-by", "slice_by", multiple=True,
@@ -393,17 +393,36 @@ def _read_rows(path: str):
 @click.option("--no-traces", is_flag=True, help="Log no per-row traces (very large runs).")
 @click.option("--max-error-rate", type=float, default=None,
               help="Fail (exit 2, after logging) when a metric's share of failed rows is above this.")
+@click.option("--spark", "spark_master", default=None, metavar="MASTER",
+              help="Score on Spark (the [spark] extra): local[*] for this machine's cores, or a cluster's "
+                   "master URL (spark://host:7077, yarn, k8s://...). --data is then a Parquet file or folder.")
+@click.option("--output", default=None,
+              help="With --spark: where the scored rows are written as Parquet (a new folder every executor can "
+                   "write; default: a temporary folder on this machine).")
+@click.option("--max-table-rows", type=int, default=100_000, show_default=True,
+              help="With --spark: above this many rows the run gets no per-row table or traces (the rows stay "
+                   "in --output).")
 @_tracking_option
 def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                     max_error_rate, tracking_uri) -> None:
+                     max_error_rate, spark_master, output, max_table_rows, tracking_uri) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
     ``mlflow.evaluate(model_type="rag")`` logs. Prints the run id last.
+
+    With --spark MASTER, the rows are read and scored on Spark
+    (:func:`mlflow_rag_eval.spark.evaluate_spark`): the same run, for 100k to millions of rows.
 
     Exit code 2: unreadable data, a bad cell (named by row and column), an unknown metric or
     field, or a failed-row share above --max-error-rate (the run keeps the evidence).
     """
     import mlflow
+
+    if spark_master:
+        _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
+                           max_error_rate, spark_master, output, max_table_rows, tracking_uri)
+        return
+    if output is not None:
+        raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
 
     from mlflow_rag_eval.engine import evaluate_records
     from mlflow_rag_eval.integrations.mlflow_logging import announce, log_evaluation
@@ -412,10 +431,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     from mlflow_rag_eval.slices import attach_columns, check_frame, check_slice_by, slice_members
 
     try:
-        bad = [c for c in columns if "=" not in c]
-        if bad:
-            raise ValueError(f"--col takes FIELD=COLUMN, got {bad[0]!r}")
-        mapping = ColumnMapping.from_config(dict(c.split("=", 1) for c in columns))
+        mapping = ColumnMapping.from_config(_column_mapping(columns))
         frame = _read_rows(data_path)
         slice_fields = check_slice_by(list(slice_by) or None, "--slice-by")
         if slice_fields:
@@ -441,6 +457,50 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         click.echo(f"evaluation failed: {exc} (run {run.info.run_id} keeps the evidence)", err=True)
         raise SystemExit(UNUSABLE) from None
     click.echo(run.info.run_id)
+
+
+def _column_mapping(columns: tuple[str, ...]) -> dict[str, str]:
+    bad = [c for c in columns if "=" not in c]
+    if bad:
+        raise ValueError(f"--col takes FIELD=COLUMN, got {bad[0]!r}")
+    return dict(c.split("=", 1) for c in columns)
+
+
+def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
+                       max_error_rate, master, output, max_table_rows, tracking_uri) -> None:
+    """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
+    import mlflow
+
+    from mlflow_rag_eval.results import ErrorRateExceeded
+
+    try:
+        from pyspark.sql import SparkSession
+
+        from mlflow_rag_eval.spark import evaluate_spark
+    except ImportError as exc:
+        click.echo(f"cannot evaluate on Spark: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    if experiment:
+        mlflow.set_experiment(experiment)
+    started = SparkSession.getActiveSession() is None  # a caller's session (a notebook, a test) is left running
+    spark = SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate()
+    names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    try:
+        done = evaluate_spark(str(Path(data_path).resolve()), names, judge, col_mapping=_column_mapping(columns),
+                              output=output, max_table_rows=max_table_rows, log_traces=not no_traces,
+                              slice_by=list(slice_by) or None, max_error_rate=max_error_rate, run_name=run_name)
+    except ErrorRateExceeded as exc:
+        click.echo(f"evaluation failed: {exc} (the run keeps the evidence)", err=True)
+        raise SystemExit(UNUSABLE) from None
+    except ValueError as exc:  # a RecordError too: nothing was logged
+        click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    finally:
+        if started:
+            spark.stop()
+    click.echo(done.run_id)
 
 
 @main.command("ppi")

@@ -41,7 +41,7 @@ maps each value to its key segment and is what compare and the gate read.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,8 +53,8 @@ from mlflow_rag_eval.results import MetricResult, MetricSummary, summarize
 
 __all__ = [
     "FieldSlices", "MAX_SLICES_PER_FIELD", "SLICES_FILE", "SLICE_BY_PARAM", "Slice", "SliceTable",
-    "attach_columns", "check_frame", "check_slice_by", "compute_slices", "load_slices", "slice_label",
-    "slice_members",
+    "attach_columns", "check_frame", "check_slice_by", "check_value_count", "compute_slices", "labels_of",
+    "load_slices", "slice_label", "slice_members", "slice_table",
 ]
 
 #: the run artifact holding the per-slice table
@@ -95,8 +95,12 @@ def slice_label(value: Any) -> str:
     return str(value)
 
 
-def _labels(value: Any, *, row: int, field: str) -> list[str]:
-    """The slices of ``field`` a row with ``value`` is in (none when missing)."""
+def labels_of(value: Any, *, row: int, field: str) -> list[str]:
+    """The slices of ``field`` a row with ``value`` is in (none when missing).
+
+    Raises:
+        RecordError: a value that is no slice label (a dict), naming the row.
+    """
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -167,15 +171,20 @@ def slice_members(records: Sequence[RagRecord], slice_by: Sequence[str]) -> dict
         members: dict[str, list[int]] = {}
         missing = 0
         for row, record in enumerate(records):
-            labels = _labels(record.metadata.get(field), row=row, field=field)
+            labels = labels_of(record.metadata.get(field), row=row, field=field)
             missing += not labels
             for label in labels:
                 members.setdefault(label, []).append(row)
-        if len(members) > MAX_SLICES_PER_FIELD:
-            raise ValueError(f"slice_by field {field!r} has {len(members)} values, more than "
-                             f"{MAX_SLICES_PER_FIELD}: slice by a field that groups rows (a tag, a difficulty)")
+        check_value_count(field, len(members))
         out[field] = ({v: members[v] for v in sorted(members)}, missing)
     return out
+
+
+def check_value_count(field: str, n_values: int) -> None:
+    """Raises ValueError when ``field`` has more than :data:`MAX_SLICES_PER_FIELD` values."""
+    if n_values > MAX_SLICES_PER_FIELD:
+        raise ValueError(f"slice_by field {field!r} has {n_values} values, more than "
+                         f"{MAX_SLICES_PER_FIELD}: slice by a field that groups rows (a tag, a difficulty)")
 
 
 # -- the statistics of each slice --------------------------------------------------------------
@@ -291,20 +300,33 @@ def compute_slices(result_or_records, slice_by: Sequence[str],
     for m in metrics:
         if len(m.rows) != len(records):
             raise ValueError(f"metric {m.name} has {len(m.rows)} rows for {len(records)} records")
-    members = slice_members(records, slice_by)
+    by_key = {m.key: m for m in metrics}
+    return slice_table(slice_by, slice_members(records, slice_by), len(records),
+                       {m.key: (m.name, m.greater_is_better) for m in metrics},
+                       lambda key, rows: summarize([by_key[key].rows[i] for i in rows]))
+
+
+def slice_table(slice_by: Sequence[str], members: Mapping[str, tuple[Mapping[str, Sequence[int]], int]], n_rows: int,
+                metrics: Mapping[str, tuple[str, bool]],
+                summarize_rows: Callable[[str, Sequence[int]], MetricSummary]) -> SliceTable:
+    """The :class:`SliceTable` of ``members`` (as :func:`slice_members` gives them) whose
+    slices' summaries ``summarize_rows(metric key, rows)`` computes: a route that does not hold
+    the rows (Spark) summarizes from score columns, with the same function as the run's.
+
+    Raises:
+        ValueError: a key too long for MLflow, before anything is logged.
+    """
     field_keys = slice_segments(slice_by)
     fields = []
     for field in slice_by:
         by_value, missing = members[field]
         value_keys = slice_segments(by_value)
         slices = tuple(
-            Slice(field, value, value_keys[value], tuple(rows),
-                  {m.key: summarize([m.rows[i] for i in rows]) for m in metrics})
+            Slice(field, value, value_keys[value], tuple(rows), {key: summarize_rows(key, rows) for key in metrics})
             for value, rows in by_value.items()
         )
         fields.append(FieldSlices(field, field_keys[field], slices, missing))
-    table = SliceTable(slice_by, tuple(fields), len(records),
-                       {m.key: (m.name, m.greater_is_better) for m in metrics})
+    table = SliceTable(tuple(slice_by), tuple(fields), n_rows, dict(metrics))
     table.as_metrics()  # every key fits MLflow's limit, or ValueError now, before anything is logged
     return table
 

@@ -356,3 +356,202 @@ def test_an_unstable_row_index_is_refused():
     for rows in (np.array([0, 1, 1, 3]), np.array([0, 1, 2]), np.array([1, 2, 3, 4])):
         with pytest.raises(RuntimeError, match="row index is not stable"):
             check_rows(rows, 4)
+
+
+# -- slices, the error-rate limit ----------------------------------------------------------------
+def _with_slice_fields(frame: pd.DataFrame) -> pd.DataFrame:
+    """A ``difficulty`` column (one value per row) and a ``topics`` metadata key (a list: the
+    slices overlap; missing on every 5th row)."""
+    topics = [None if i % 5 == 0 else ["fares", "bikes"][: 1 + i % 2] for i in range(len(frame))]
+    return frame.assign(difficulty=[["easy", "hard", "medium"][i % 3] for i in range(len(frame))],
+                        metadata=[{"topics": t} for t in topics])
+
+
+@pytest.mark.parametrize("rows_logged", [True, False])
+def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, rows_logged):
+    from mlflow_rag_eval.slices import SLICES_FILE, attach_columns
+    from mlflow_rag_eval.spark import evaluate_spark
+
+    frame = _with_slice_fields(rows_2000[0])
+    path = write_parts(frame, tmp_path / "rows", PARTS)
+    slice_by = ["difficulty", "topics"]
+    records = attach_columns(records_from_frame(frame), frame, slice_by)
+    single = evaluate_records(records, RETRIEVAL, available_fields=FIELDS)
+    with mlflow.start_run() as single_run:
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=slice_by)
+    with mlflow.start_run() as spark_run:
+        evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), slice_by=slice_by,
+                       max_table_rows=10_000 if rows_logged else 0, log_traces=False)
+    single_metrics, single_params, _ = _run_contents(single_run.info.run_id)
+    spark_metrics, spark_params, _ = _run_contents(spark_run.info.run_id)
+    assert any("/slice/topics/" in k for k in single_metrics)  # the slices are in the comparison
+    assert set(spark_metrics) == set(single_metrics)
+    for key, value in single_metrics.items():
+        assert spark_metrics[key] == pytest.approx(value, rel=0, abs=1e-12), key
+    assert spark_params == single_params
+    slices = [json.loads(_text(r.info.run_id, SLICES_FILE)) for r in (single_run, spark_run)]
+    assert slices[0] == slices[1]
+    assert slices[1]["fields"]["topics"]["n_missing"] == len(range(0, 2000, 5))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [("difficulty", {"level": "hard"}, RecordError), ("nosuch", None, ValueError)],
+    ids=["a dict is no slice value", "a field no row has"],
+)
+def test_a_bad_slice_field_is_refused_before_any_row_is_scored(spark, rows_2000, tracking_uri, tmp_path,
+                                                               field, value, error):
+    from mlflow_rag_eval.spark import evaluate_spark
+
+    frame = _with_slice_fields(rows_2000[0])
+    if value is not None:  # a column of one type: no value above row 1500, a dict from there on
+        frame = frame.assign(**{field: [None] * 1500 + [value] * 500})
+    path = write_parts(frame, tmp_path / "rows", [2000])  # one file: the files' column types must agree
+    output = tmp_path / "scored"
+    with pytest.raises(error) as raised:
+        evaluate_spark(path, SCRIPTED, judge="scripted", output=str(output), slice_by=[field])
+    if error is RecordError:
+        assert (raised.value.row, raised.value.column) == (1500, field)
+    else:
+        assert "nosuch" in str(raised.value)
+    assert not output.exists()
+    assert mlflow.search_runs(output_format="list") == []  # no run was started
+
+
+# -- an LLM judge behind a rate limit, on two executors --------------------------------------------
+def _judged_rows(n: int) -> pd.DataFrame:
+    passage = "Bikes travel for a flat fare of 5 euros per journey."
+    return pd.DataFrame({"question": [f"What do bikes cost? ({i})" for i in range(n)],
+                         "answer": [f"Row {i}: bikes cost 7 euros." for i in range(n)],
+                         "contexts": [[passage]] * n})
+
+
+def _claims_reply(request):
+    from faulty_server import Reply, completion
+
+    claim = {"claim": "Bikes cost 7 euros.", "supported": False, "reason": "the passage says 5 euros",
+             "evidence": "Bikes travel for a flat fare of 5 euros per journey.", "passage": 0}
+    return Reply(body=completion(json.dumps({"claims": [claim]})))
+
+
+def _row_of(request) -> int:
+    import re
+
+    return int(re.search(r"Row (\d+):", request.prompt).group(1))
+
+
+@pytest.fixture
+def judge_server():
+    from faulty_server import FaultyServer
+
+    servers = []
+
+    def start(respond):
+        servers.append(FaultyServer(respond))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_a_rate_limit_is_shared_by_the_executors_and_a_rerun_calls_nothing(spark, tracking_uri, judge_server,
+                                                                            tmp_path):
+    """5 requests/s set on the judge, 2 workers scoring at once: the server sees 5/s in total
+    (each worker keeps to 2.5/s), not 10; a re-run of the finished job is answered by the
+    workers' judge cache (shared here: one machine), with no request.
+
+    What the shares guarantee: a worker's starts are at least 2/5 s apart, so any window of T
+    seconds holds at most 5 T + 2 starts (one process: 5 T + 1); over the run, (n - 2) / span
+    <= 5. A single second may hold 6: two workers' limiters are not in step."""
+    import threading
+    import time
+
+    from mlflow_rag_eval.spark import evaluate_spark
+
+    arrivals: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def respond(request):
+        with lock:
+            arrivals.append((time.monotonic(), _row_of(request)))
+        return _claims_reply(request)
+
+    server = judge_server(respond)
+    n = 30
+    data = spark.createDataFrame(_judged_rows(n))
+    assert data.rdd.getNumPartitions() == 2  # rows 0-14 on one worker, 15-29 on the other
+    judge = f"openai:/rate-test-{tmp_path.name}?base_url={server.base_url}&rate_limit=5&concurrency=8"
+    with mlflow.start_run():
+        done = evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "first"))
+    assert done.figures.metrics[0].summary.n_scored == n
+    assert len(arrivals) == n == done.figures.judge_usage["provider_calls"]
+    times = sorted(t for t, _ in arrivals)
+    span = times[-1] - times[0]
+    rate = (n - 1) / span
+    busiest = max(sum(t <= a < t + 1 for a in times) for t in times)
+    print(f"\n[spark rate limit] {rate:.2f} requests/s over {span:.1f} s; busiest second {busiest}")
+    # what the user set, in total (loopback jitter, a few ms, moves single arrivals: 2%)
+    assert (n - 2) / span <= 5.0 * 1.02 and busiest <= 5 + 2
+    # ... and both workers asked at once: each partition's requests span the other's
+    first = [t for t, row in arrivals if row < 15]
+    second = [t for t, row in arrivals if row >= 15]
+    assert min(second) < max(first) and min(first) < max(second)
+    assert rate >= 3.5  # the shares add up to the limit: not 2.5/s in all
+    assert done.figures.judge.params["rate_limit"] == 5.0  # lineage: the user's limit
+
+    with mlflow.start_run():
+        again = evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "again"))
+    assert len(arrivals) == n  # no request
+    assert again.figures.judge_usage["provider_calls"] == 0 and again.figures.judge_usage["cache_hits"] == n
+    assert again.metrics["faithfulness/mean"] == done.metrics["faithfulness/mean"]
+
+
+def test_max_error_rate_fails_after_logging(spark, tracking_uri, judge_server, tmp_path):
+    from faulty_server import Reply
+
+    from mlflow_rag_eval.results import ErrorRateExceeded
+    from mlflow_rag_eval.spark import evaluate_spark
+
+    def respond(request):  # row 3 is refused for good (a 400 is not retried)
+        if _row_of(request) == 3:
+            return Reply(status=400, body={"error": {"message": "refused"}})
+        return _claims_reply(request)
+
+    server = judge_server(respond)
+    data = spark.createDataFrame(_judged_rows(10))
+    judge = f"openai:/errors-{tmp_path.name}?base_url={server.base_url}"
+    with mlflow.start_run() as run, pytest.raises(ErrorRateExceeded, match="faithfulness 10.0%"):
+        evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "scored"), max_error_rate=0.05)
+    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
+    assert metrics["faithfulness/n_error"] == 1 and metrics["faithfulness/n_scored"] == 9  # logged first
+    with mlflow.start_run():
+        done = evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "again"), max_error_rate=0.1)
+    assert done.figures.metrics[0].summary.n_error == 1
+
+
+def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, rows_2000, tracking_uri, tmp_path):
+    from click.testing import CliRunner
+
+    from mlflow_rag_eval.cli import main
+
+    frame = _with_slice_fields(rows_2000[0].iloc[:300].reset_index(drop=True))
+    folder = write_parts(frame, tmp_path / "rows", [100, 200])  # a folder of Parquet files, as Spark writes
+    args = ["evaluate", "--data", str(folder), "--metrics", "hit@5,mrr", "--slice-by", "difficulty", "--no-traces"]
+    runner = CliRunner()
+    single = runner.invoke(main, [*args, "--run-name", "one-process"])
+    on_spark = runner.invoke(main, [*args, "--run-name", "on-spark", "--spark", "local[2]",
+                                    "--output", str(tmp_path / "scored")])
+    assert single.exit_code == 0 and on_spark.exit_code == 0, (single.output, on_spark.output)
+    runs = [MlflowClient().get_run(r.stdout.strip().splitlines()[-1]) for r in (single, on_spark)]
+    assert [r.info.run_name for r in runs] == ["one-process", "on-spark"]
+    assert runs[1].data.tags["rag_eval.rows_path"] == str(tmp_path / "scored")
+    assert "hit_at_5/slice/difficulty/hard/mean" in runs[1].data.metrics
+    assert runs[1].data.metrics == pytest.approx(runs[0].data.metrics, rel=0, abs=1e-12)
+    assert spark.sparkContext._jsc is not None  # the caller's session is left running
+
+    frame.loc[250, "question"] = "  "
+    bad = write_parts(frame, tmp_path / "bad", [300])
+    refused = runner.invoke(main, ["evaluate", "--data", str(bad), "--spark", "local[2]", "--metrics", "mrr"])
+    assert refused.exit_code == 2 and "row 250, column 'question'" in refused.output
+    assert len(mlflow.search_runs(output_format="list")) == 2  # no third run

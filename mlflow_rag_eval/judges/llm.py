@@ -110,6 +110,16 @@ class LLMJudge(Judge):
         (the backend's only way) or ``prompt`` (prompt-and-parse, after a fallback)."""
         return self._transport.response_format
 
+    @property
+    def concurrency(self) -> int:
+        """The most requests this judge has in flight at once."""
+        return self._concurrency()
+
+    @property
+    def rate_limit(self) -> float | None:
+        """The most request starts per second (None: no limit)."""
+        return self._transport.rate_limit
+
     def usage(self) -> dict[str, Any]:
         return self.usage_.as_dict()
 

@@ -29,10 +29,11 @@ from mlflow_rag_eval.spark._run import (
     ROWS_PATH_TAG,
     SparkEvaluation,
     evaluate_spark,
+    worker_share,
 )
 from mlflow_rag_eval.spark._worker import metric_columns
 
 __all__ = [
     "ROWS_ARTIFACT_DIR", "ROWS_ARTIFACT_LIMIT", "ROWS_PATH_TAG", "SparkEvaluation", "WORST_LIMIT", "evaluate_spark",
-    "metric_columns",
+    "metric_columns", "worker_share",
 ]

@@ -29,17 +29,21 @@ from mlflow_rag_eval.results import (
     RowResult,
     summarize_values,
 )
+from mlflow_rag_eval.slices import slice_table
 from mlflow_rag_eval.spark._worker import (
     RECORD_BLOBS_SCHEMA,
     Plan,
+    equal_runs,
     item_chunks,
     metric_columns,
     record_blobs,
     row_result,
+    slice_column,
 )
 
 __all__ = [
-    "WORST_LIMIT", "check_rows", "digest", "metric_figures", "metric_results", "records", "score_arrays", "worst_rows",
+    "WORST_LIMIT", "check_rows", "digest", "metric_figures", "metric_results", "records", "score_arrays",
+    "slice_members", "slice_summaries", "worst_rows",
 ]
 
 #: worst rows, and errored rows, listed per metric when the rows are not held
@@ -51,13 +55,52 @@ def _col(name: str) -> Column:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def score_arrays(out: DataFrame, metrics: Sequence[Metric], n_rows: int) -> dict[str, np.ndarray]:
-    """Per metric key, every row's score in row order, NaN where the row was not scored (a scored
-    value is always finite, so NaN stands for nothing else)."""
-    table = out.orderBy("row").select("row", *[_col(metric_columns(m.key)["score"]) for m in metrics]).toArrow()
+def score_arrays(out: DataFrame, metrics: Sequence[Metric], n_rows: int) -> tuple[dict[str, np.ndarray],
+                                                                                  dict[str, np.ndarray]]:
+    """Per metric key, every row's score in row order, NaN where the row was not scored (a
+    scored value is always finite, so NaN stands for nothing else); and whether each row failed
+    (a row neither scored nor failed was not applicable). One ordered read of the output."""
+    table = out.orderBy("row").select(
+        "row", *[_col(metric_columns(m.key)["score"]) for m in metrics],
+        *[_col(metric_columns(m.key)["error"]).isNotNull() for m in metrics]).toArrow()
     check_rows(table.column("row").to_numpy(), n_rows)
-    return {m.key: np.asarray(table.column(i + 1).to_numpy(zero_copy_only=False), dtype=float)
-            for i, m in enumerate(metrics)}
+    scores = {m.key: np.asarray(table.column(1 + i).to_numpy(zero_copy_only=False), dtype=float)
+              for i, m in enumerate(metrics)}
+    errors = {m.key: np.asarray(table.column(1 + len(metrics) + i).to_numpy(zero_copy_only=False), dtype=bool)
+              for i, m in enumerate(metrics)}
+    return scores, errors
+
+
+def slice_members(out: DataFrame, slice_by: Sequence[str], n_rows: int) -> dict[str, tuple[dict[str, np.ndarray], int]]:
+    """:func:`mlflow_rag_eval.slices.slice_members` from the output's ``slice/<field>`` columns:
+    per field, value -> its rows in order (values sorted as text), and the rows with no value."""
+    members = {}
+    for field in slice_by:
+        column = _col(slice_column(field))
+        table = (out.select("row", F.explode(column).alias("label")).orderBy("label", "row").toArrow())
+        labels = np.asarray(table.column("label").to_pylist(), dtype=object)
+        rows = table.column("row").to_numpy()
+        by_value = {}
+        for start, end in equal_runs(labels):
+            by_value[str(labels[start])] = rows[start:end]
+        with_value = len(np.unique(rows)) if len(rows) else 0
+        members[field] = ({v: by_value[v] for v in sorted(by_value)}, n_rows - with_value)
+    return members
+
+
+def slice_summaries(members: dict, figures: Sequence[MetricFigures], scores: dict[str, np.ndarray],
+                    errors: dict[str, np.ndarray], n_rows: int, *, seed: int):
+    """The :class:`~mlflow_rag_eval.slices.SliceTable` of a run that is not held: each slice's
+    summaries by :func:`~mlflow_rag_eval.results.summarize_values` of its rows' scores, in row
+    order, as the single-process route summarizes the rows themselves."""
+    def summarize_rows(key: str, rows: np.ndarray):
+        column, failed = scores[key][rows], errors[key][rows]
+        values = column[~np.isnan(column)]
+        n_error = int(failed.sum())
+        return summarize_values(values, n_error, len(rows) - len(values) - n_error, seed=seed)
+
+    return slice_table(list(members), members, n_rows, {m.key: (m.name, m.greater_is_better) for m in figures},
+                       summarize_rows)
 
 
 def check_rows(rows: np.ndarray, n_rows: int) -> None:

@@ -40,7 +40,8 @@ from mlflow_rag_eval.integrations.mlflow_logging import (
     log_evaluation,
     log_run_level,
 )
-from mlflow_rag_eval.judges import DEFAULT_JUDGE, JudgeUnreachable
+from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable
+from mlflow_rag_eval.judges.llm import LLMJudge
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.report import render_figures_report
@@ -48,9 +49,12 @@ from mlflow_rag_eval.spark import _collect
 from mlflow_rag_eval.spark._index import ROW, read_indexed, spread
 from mlflow_rag_eval.spark._worker import FACTS_SCHEMA, Plan, SumParam, output_schema, score_batches, validate_batches
 from mlflow_rag_eval.stats import SEED
+from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, check_value_count
 from mlflow_rag_eval.suite import Suite, prepare_suite
 
-__all__ = ["ROWS_ARTIFACT_DIR", "ROWS_ARTIFACT_LIMIT", "ROWS_PATH_TAG", "SparkEvaluation", "evaluate_spark"]
+__all__ = [
+    "ROWS_ARTIFACT_DIR", "ROWS_ARTIFACT_LIMIT", "ROWS_PATH_TAG", "SparkEvaluation", "evaluate_spark", "worker_share",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -88,6 +92,9 @@ def evaluate_spark(
     max_table_rows: int = 100_000,
     seed: int = SEED,
     log_traces: bool = True,
+    slice_by: list[str] | None = None,
+    max_error_rate: float | None = None,
+    run_name: str | None = None,
 ) -> SparkEvaluation:
     """Evaluate a Spark DataFrame (or a Parquet path) of RAG rows into one MLflow run.
 
@@ -105,20 +112,31 @@ def evaluate_spark(
         col_mapping: record field -> column, e.g. ``{"question": "query"}``.
         output: where to write the scored rows (a new folder; on a cluster, a path every executor
             can write). Default: a new temporary folder on the driver, fine for ``local[*]``.
-        run_id: the run to log into (default: the active run, else a new one).
+        run_id: the run to log into (default: the active run, else a new one, started once the
+            rows are scored: bad data leaves no run behind).
         max_table_rows: the most rows for which the per-row artifacts and traces are logged.
         seed: the bootstrap seed of the CIs (every route uses 0 unless told otherwise).
         log_traces: with the per-row artifacts, a trace per row (as ``log_traces`` of the evaluator).
+        slice_by: metadata keys or columns to report every metric per value of
+            (:mod:`mlflow_rag_eval.slices`), checked on every row before any judge call.
+        max_error_rate: raise :class:`~mlflow_rag_eval.results.ErrorRateExceeded` after logging
+            when a metric's share of failed rows is above it (the run keeps the evidence).
+        run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
 
     Raises:
         RecordError: the first bad cell (global row index and column), before any judge call and
             with nothing logged.
         JudgeUnreachable: a worker could not reach the judge; nothing is logged.
+        ValueError: a ``slice_by`` field no row has, or with too many values, before any judge call.
+
+    An LLM judge's ``rate_limit`` and ``concurrency`` are what the provider sees in total: each
+    of the workers scoring at once gets its share (:func:`worker_share`).
     """
     if not isinstance(judge, str):
         raise TypeError(f"on Spark a judge is given by name (it is rebuilt in each worker, never pickled), "
                         f"got {type(judge).__name__}")
     mapping = ColumnMapping.from_config(col_mapping)
+    slice_fields = check_slice_by(slice_by)
     client = MlflowClient()
     active = mlflow.active_run()
     run_id = run_id or (active.info.run_id if active else None)
@@ -133,12 +151,14 @@ def evaluate_spark(
     available = {"answer", "contexts"} | {f for f in _FIELDS if getattr(mapping, f) in columns}
     suite = prepare_suite(metrics, judge, available, mapping)
     plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
-                evaluation=uuid.uuid4().hex, check_applicable=suite.default)
+                evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields)
     indexed = spread(indexed, n_rows)
     start = time.perf_counter()
-    _validate(indexed, plan, suite)
+    _validate(indexed, plan, suite, columns)
     _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
-    plan = replace(plan, metrics=tuple(suite.metrics), check_applicable=False)
+    workers = min(indexed.sparkSession.sparkContext.defaultParallelism, indexed.rdd.getNumPartitions())
+    plan = replace(plan, metrics=tuple(suite.metrics), check_applicable=False,
+                   judge_options=worker_share(suite.judge, workers))
 
     output = output or os.path.join(tempfile.mkdtemp(prefix="rag_eval_spark_"), "rows")
     spark = indexed.sparkSession
@@ -153,14 +173,32 @@ def evaluate_spark(
                    fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
 
     if run_id is None:
-        with mlflow.start_run() as run:
-            return _log(out, indexed, plan, n_rows, context, output, run.info.run_id, client,
+        with mlflow.start_run(run_name=run_name) as run:
+            done = _log(out, indexed, plan, n_rows, context, output, run.info.run_id, client,
                         max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
-    return _log(out, indexed, plan, n_rows, context, output, run_id, client,
-                max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+    else:
+        done = _log(out, indexed, plan, n_rows, context, output, run_id, client,
+                    max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+    announce(done.figures, max_error_rate=max_error_rate)
+    return done
 
 
-def _validate(indexed: DataFrame, plan: Plan, suite: Suite) -> None:
+def worker_share(judge: Judge | None, workers: int) -> tuple[tuple[str, Any], ...]:
+    """The options each of ``workers`` Python workers builds an LLM judge with, so that the
+    provider sees the rate limit and concurrency the user set, not ``workers`` times them: the
+    rate limit divided evenly, the concurrency divided and rounded down, at least 1 per worker
+    (so with more workers than the concurrency, each has one request in flight). Other judges
+    (the local judge, the scripted one) call no provider: no options."""
+    if workers <= 1 or not isinstance(judge, LLMJudge):
+        return ()
+    options: dict[str, Any] = {"concurrency": max(1, judge.concurrency // workers)}
+    if judge.rate_limit:
+        options["rate_limit"] = judge.rate_limit / workers
+    _logger.info("rag eval: judge %s shared by %d workers: each keeps to %s", judge.name, workers, options)
+    return tuple(sorted(options.items()))
+
+
+def _validate(indexed: DataFrame, plan: Plan, suite: Suite, columns: list[str]) -> None:
     """Raise the error the single-process route would raise first; drop, from a default suite,
     the metrics that apply to no row (as ``Suite.drop_inapplicable``)."""
     facts = indexed.mapInArrow(partial(validate_batches, plan), FACTS_SCHEMA).collect()
@@ -168,6 +206,7 @@ def _validate(indexed: DataFrame, plan: Plan, suite: Suite) -> None:
     if record_errors:  # every record is read before any metric checks them
         f = record_errors[0]
         raise RecordError(f["reason"], row=f["row"], column=f["column"])
+    _check_slices(facts, plan.slice_by, columns)
     if suite.default:
         applies: dict[str, list] = {}
         for f in facts:
@@ -186,6 +225,25 @@ def _validate(indexed: DataFrame, plan: Plan, suite: Suite) -> None:
                          key=lambda f: f["row"])
         if refused:
             raise RecordError(refused[0]["reason"], row=refused[0]["row"], column=refused[0]["column"])
+
+
+def _check_slices(facts: list, slice_by: tuple[str, ...], columns: list[str]) -> None:
+    """The single-process route's checks of ``slice_by`` (:func:`mlflow_rag_eval.slices.check_frame`,
+    :func:`~mlflow_rag_eval.slices.slice_members`) from the workers' facts: a field both a column
+    and a metadata key, or neither, or with too many values; a value that is no label."""
+    for field in slice_by:
+        seen = [f for f in facts if f["metric"] == field and f["kind"] in ("slice", "slice_error")]
+        errors = sorted((f for f in seen if f["kind"] == "slice_error"), key=lambda f: f["row"])
+        in_metadata = any(f["applies"] for f in seen if f["kind"] == "slice")
+        if field in columns and in_metadata:
+            raise ValueError(f"slice_by field {field!r} is both a column and a metadata key; rename one")
+        if field not in columns and not in_metadata:
+            raise ValueError(f"slice_by field {field!r} is neither a column (columns: {columns}) nor a metadata "
+                             "key of any row")
+        if errors:
+            raise RecordError(errors[0]["reason"], row=errors[0]["row"], column=errors[0]["column"])
+        labels = {label for f in seen if f["kind"] == "slice" for label in json.loads(f["reason"])}
+        check_value_count(field, len(labels))
 
 
 @contextlib.contextmanager
@@ -222,7 +280,6 @@ def _log(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, context: d
                         output)
         figures, metrics = _log_figures(out, plan, n_rows, context, run_id, client, tags=tags, seed=seed)
     _log_rows(client, run_id, output)
-    announce(figures)
     return SparkEvaluation(run_id=run_id, output=output, figures=figures, metrics=metrics,
                            rows_logged=n_rows <= max_table_rows)
 
@@ -235,7 +292,7 @@ def _log_held(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, conte
     records = _collect.records(indexed, plan)
     result = EvaluationResult(records=records, metrics=_collect.metric_results(out, plan.metrics, n_rows, seed=seed),
                               dataset_digest=dataset_digest(records), **context)
-    metrics = log_evaluation(result, run_id, client, tags=tags, log_traces=log_traces)
+    metrics = log_evaluation(result, run_id, client, tags=tags, log_traces=log_traces, slice_by=plan.slice_by)
     return result.figures(), metrics
 
 
@@ -243,14 +300,24 @@ def _log_figures(out: DataFrame, plan: Plan, n_rows: int, context: dict, run_id:
                  tags: dict[str, str], seed: int) -> tuple[EvaluationFigures, dict[str, float]]:
     """A run too large to hold: figures from the score columns, the run-level contents as every
     route logs them, the worst rows capped, the report from the score columns."""
-    scores = _collect.score_arrays(out, plan.metrics, n_rows)
+    scores, errors = _collect.score_arrays(out, plan.metrics, n_rows)
     figures = EvaluationFigures(n_rows=n_rows, metrics=_collect.metric_figures(out, plan.metrics, scores, n_rows,
                                                                                 seed=seed),
                                 dataset_digest=_collect.digest(out), **context)
-    metrics, lineage_doc = log_run_level(figures, run_id, client, tags=tags, table=False)
+    slices = None
+    if plan.slice_by:
+        slices = _collect.slice_summaries(_collect.slice_members(out, plan.slice_by, n_rows), figures.metrics,
+                                          scores, errors, n_rows, seed=seed)
+    metrics, lineage_doc = log_run_level(
+        figures, run_id, client, tags=tags, table=False,
+        extra_metrics=slices.as_metrics() if slices else None,
+        extra_params={SLICE_BY_PARAM: json.dumps(list(plan.slice_by), ensure_ascii=False)} if slices else None)
     worst = _collect.worst_rows(out, figures.metrics, scores, n_rows)
     client.log_text(run_id, json.dumps(worst), WORST_ROWS_FILE)
-    client.log_text(run_id, render_figures_report(figures, scores, lineage_doc, worst=worst), REPORT_FILE)
+    if slices:
+        client.log_text(run_id, slices.to_json(), SLICES_FILE)
+    client.log_text(run_id, render_figures_report(figures, scores, lineage_doc, worst=worst, slices=slices),
+                    REPORT_FILE)
     return figures, metrics
 
 

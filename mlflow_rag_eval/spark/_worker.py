@@ -34,7 +34,16 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import BinaryType, BooleanType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from mlflow_rag_eval.engine import BATCH_SIZE, score_records
 from mlflow_rag_eval.judges import Judge, get_judge
@@ -42,12 +51,13 @@ from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_item, records_from_frame
 from mlflow_rag_eval.report._worst import json_safe
 from mlflow_rag_eval.results import RowResult
+from mlflow_rag_eval.slices import attach_columns, labels_of
 from mlflow_rag_eval.spark._index import ROW
 from mlflow_rag_eval.suite import Suite
 
 __all__ = [
     "FACTS_SCHEMA", "Plan", "RECORD_BLOBS_SCHEMA", "SumParam", "item_chunks", "judge_for", "metric_columns",
-    "output_schema", "record_blobs", "row_result", "score_batches", "validate_batches",
+    "output_schema", "record_blobs", "row_result", "score_batches", "slice_column", "validate_batches",
 ]
 
 _NOT_APPLICABLE = "not applicable: "
@@ -65,14 +75,20 @@ class Plan:
     evaluation: str = ""
     #: the default suite: report, per metric, whether any row can be scored
     check_applicable: bool = False
+    #: fields to slice by (:mod:`mlflow_rag_eval.slices`): columns named here are copied into
+    #: each record's metadata, and each row's labels are written as ``slice/<field>``
+    slice_by: tuple[str, ...] = ()
+    #: options every worker builds its judge with: its share of the user's rate limit and
+    #: concurrency (:func:`mlflow_rag_eval.spark._run.worker_share`)
+    judge_options: tuple[tuple[str, Any], ...] = ()
 
 
 _JUDGES: dict[tuple[str, str], Judge] = {}
 _JUDGES_LOCK = threading.Lock()
 
 
-def judge_for(name: str, evaluation: str = "") -> Judge:
-    """The judge named ``name``, built once per Python worker and evaluation.
+def judge_for(name: str, evaluation: str = "", options: tuple[tuple[str, Any], ...] = ()) -> Judge:
+    """The judge named ``name`` (built with ``options``), once per Python worker and evaluation.
 
     Fresh for each evaluation, as ``evaluate_records`` builds one: the embeddings a judge caches
     while scoring one evaluation never decide another's last digits. Only the latest
@@ -83,7 +99,7 @@ def judge_for(name: str, evaluation: str = "") -> Judge:
         if key not in _JUDGES:
             for old in [k for k in _JUDGES if k[1] != evaluation]:
                 del _JUDGES[old]
-            _JUDGES[key] = get_judge(name)
+            _JUDGES[key] = get_judge(name, **dict(options))
         return _JUDGES[key]
 
 
@@ -98,7 +114,11 @@ def _arrow(frame: pd.DataFrame, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _records(plan: Plan, batch: pd.DataFrame) -> list[RagRecord]:
-    return records_from_frame(batch.drop(columns=[ROW]).reset_index(drop=True), plan.mapping)
+    """The batch's records, with the columns named in ``slice_by`` in their metadata (as the
+    single-process route attaches them)."""
+    frame = batch.drop(columns=[ROW]).reset_index(drop=True)
+    records = records_from_frame(frame, plan.mapping)
+    return attach_columns(records, frame, plan.slice_by) if plan.slice_by else records
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -131,12 +151,13 @@ def validate_batches(plan: Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         facts: list[tuple] = [("batch", None, int(rows[0]), len(batch), None, None, None)]
         if not bad_record:
             try:
-                records = _records(plan, batch)
+                records = records_from_frame(batch.drop(columns=[ROW]).reset_index(drop=True), plan.mapping)
             except RecordError as exc:
                 bad_record = True
                 facts.append(("record_error", None, _global(rows, exc.row), None, exc.column, exc.reason, None))
             else:
                 facts += _metric_facts(plan, records, rows, refused)
+                facts += _slice_facts(plan, records, batch, rows)
         yield _arrow(pd.DataFrame(facts, columns=_FACT_COLUMNS).astype({"row": "Int64", "n": "Int64"}), schema)
 
 
@@ -155,6 +176,29 @@ def _metric_facts(plan: Plan, records: list[RagRecord], rows: np.ndarray, refuse
         except RecordError as exc:
             refused.add(name)
             facts.append(("metric_error", name, _global(rows, exc.row), None, exc.column, exc.reason, None))
+    return facts
+
+
+def _slice_facts(plan: Plan, records: list[RagRecord], batch: pd.DataFrame, rows: np.ndarray) -> list[tuple]:
+    """Per slice field: ``slice`` (its distinct labels in the batch as a JSON list; ``applies``:
+    whether a row's metadata has the field), or ``slice_error`` at the first value that is no
+    label. ``records`` are read without the columns attached, so a field that is both a column
+    and a metadata key shows as a column (the driver knows the columns) that ``applies``."""
+    facts = []
+    for field in plan.slice_by:
+        if field in batch.columns:
+            values = batch[field].tolist()
+        else:
+            values = [r.metadata.get(field) for r in records]
+        labels: dict[str, None] = {}
+        try:
+            for i, value in enumerate(values):
+                labels.update(dict.fromkeys(labels_of(value, row=int(rows[i]), field=field)))
+        except RecordError as exc:
+            facts.append(("slice_error", field, exc.row, None, exc.column, exc.reason, None))
+            continue
+        facts.append(("slice", field, int(rows[0]), None, None, json.dumps(list(labels), ensure_ascii=False),
+                      any(field in r.metadata for r in records)))
     return facts
 
 
@@ -190,7 +234,14 @@ def output_schema(plan: Plan) -> StructType:
     for metric in plan.metrics:
         for name, kind in _METRIC_FIELDS:
             fields.append(StructField(f"{metric.key}/{name}", kind))
+    for field in plan.slice_by:
+        fields.append(StructField(slice_column(field), ArrayType(StringType())))
     return StructType(fields)
+
+
+def slice_column(field: str) -> str:
+    """The output column of a slice field's labels per row (an empty list: no value)."""
+    return f"slice/{field}"
 
 
 class SumParam(AccumulatorParam):
@@ -228,7 +279,7 @@ def score_batches(plan: Plan, usage: Accumulator, timings: Accumulator,
     """Score each of the engine's blocks of rows; yield one output row per input row
     (:func:`output_schema`). Rows arrive in index order, so a block's rows are contiguous."""
     schema = to_arrow_schema(output_schema(plan))
-    judge = judge_for(plan.judge, plan.evaluation) if plan.judge else None
+    judge = judge_for(plan.judge, plan.evaluation, plan.judge_options) if plan.judge else None
     suite = Suite(list(plan.metrics), judge, default=False)
     for block in _blocks(_pandas(batches)):
         records = _records(plan, block)
@@ -246,7 +297,7 @@ def _blocks(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     current = None
     for batch in batches:
         block = batch[ROW].to_numpy() // BATCH_SIZE
-        for start, end in _runs(block):
+        for start, end in equal_runs(block):
             if pending and block[start] != current:
                 yield pd.concat(pending, ignore_index=True)
                 pending = []
@@ -256,7 +307,7 @@ def _blocks(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield pd.concat(pending, ignore_index=True)
 
 
-def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+def equal_runs(values: np.ndarray) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of equal values."""
     if len(values) == 0:
         return []
@@ -288,6 +339,9 @@ def _output_frame(plan: Plan, index: np.ndarray, records: list[RagRecord],
         data[columns["traceback"]] = [r.traceback for r in results]
         data[columns["details"]] = [json.dumps(json_safe(r.details), ensure_ascii=False) if r.details else None
                                     for r in results]
+    for field in plan.slice_by:
+        data[slice_column(field)] = [labels_of(r.metadata.get(field), row=int(i), field=field)
+                                     for i, r in zip(index, records)]
     return pd.DataFrame(data)
 
 
