@@ -379,9 +379,10 @@ def _read_rows(path: str):
 
 
 @main.command("evaluate")
-@click.option("--data", "data_path", required=True, type=click.Path(exists=True),
+@click.option("--data", "data_path", required=True,
               help="Rows with their predictions (question, answer, contexts, and what a golden set holds): "
-                   ".parquet (a file or a folder of them), .jsonl or .csv.")
+                   ".parquet (a file or a folder of them), .jsonl or .csv; with --spark, any Parquet path "
+                   "Spark reads (s3a://..., hdfs://...).")
 @click.option("--metrics", default=None, help="Metric names, comma-separated (default: all the data can feed).")
 @click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
 @click.option("--slice-by", "slice_by", multiple=True,
@@ -417,6 +418,9 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     """
     import mlflow
 
+    remote = "://" in data_path
+    if not (remote and spark_master) and not Path(data_path).exists():
+        raise click.BadParameter(f"{data_path!r} does not exist", param_hint="--data")
     if spark_master:
         _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
                            max_error_rate, spark_master, output, max_table_rows, tracking_uri)
@@ -488,7 +492,8 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
     spark = SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate()
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     try:
-        done = evaluate_spark(str(Path(data_path).resolve()), names, judge, col_mapping=_column_mapping(columns),
+        path = data_path if "://" in data_path else str(Path(data_path).resolve())
+        done = evaluate_spark(path, names, judge, col_mapping=_column_mapping(columns),
                               output=output, max_table_rows=max_table_rows, log_traces=not no_traces,
                               slice_by=list(slice_by) or None, max_error_rate=max_error_rate, run_name=run_name)
     except ErrorRateExceeded as exc:

@@ -64,9 +64,17 @@ _SAME = 1e-12
 #: why a CI is missing when the data allow one but BCa is undefined (a degenerate bootstrap
 #: distribution; not seen in practice, handled rather than returned as NaN)
 _UNDEFINED = "the BCa interval is undefined on these differences"
-#: resamples computed at once: bounds memory to about this many x n floats, whatever n is
-#: (BCa's jackknife would otherwise build an n x n matrix: 800 MB at 10k rows)
+#: resamples computed at once: bounds memory to about this many x n floats (BCa's jackknife
+#: would otherwise build an n x n matrix: 800 MB at 10k rows) ...
 _BATCH = 200
+#: ... and to this many bytes of resampled values and their indices, whatever n is: 200 x 1M
+#: rows would be 3.2 GB. The batch does not change the interval (the draws are the same stream).
+_BATCH_BYTES = 64 << 20
+
+
+def _batch(n: int) -> int:
+    """Resamples per batch for ``n`` values: at most :data:`_BATCH`, within :data:`_BATCH_BYTES`."""
+    return max(1, min(_BATCH, _BATCH_BYTES // (16 * max(n, 1))))
 
 
 # -- resampling -------------------------------------------------------------------------------
@@ -124,7 +132,7 @@ def _bootstrap_mean(values: np.ndarray, method: str, confidence: float, n_resamp
     with warnings.catch_warnings():  # a degenerate BCa is reported as None below, not as a warning
         warnings.simplefilter("ignore", DegenerateDataWarning)
         result = bootstrap((values,), np.mean, n_resamples=n_resamples, method=method, vectorized=True,
-                           confidence_level=confidence, batch=_BATCH, rng=np.random.default_rng(seed))
+                           confidence_level=confidence, batch=_batch(len(values)), rng=np.random.default_rng(seed))
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):  # BCa on a degenerate distribution
         return None

@@ -57,6 +57,27 @@ def test_the_resampling_rule_is_scipys():
     assert stats.resample_indices(0, 5).shape == (5, 0)
 
 
+def test_the_bootstrap_memory_is_bounded_and_its_batches_do_not_change_the_ci(monkeypatch):
+    """200 resamples of 200k rows at once would hold 640 MB of draws (3.2 GB at 1M rows: the
+    Spark route's driver); batches within 64 MB give the same interval, to the last digit."""
+    import tracemalloc
+
+    values = np.random.default_rng(3).random(200_000)
+    tracemalloc.start()
+    try:
+        ci = stats.mean_ci(values)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 2**20, f"{peak / 2**20:.0f} MB"
+    a, b = values[:3000], values[3000:6000]
+    paired = stats.paired_difference_ci(a, b)  # BCa: its jackknife is batched too
+    assert stats._batch(len(a)) == stats._BATCH  # the usual sizes keep the usual batch
+    monkeypatch.setattr(stats, "_BATCH_BYTES", 1)  # one resample at a time
+    assert stats.mean_ci(values) == ci
+    assert stats.paired_difference_ci(a, b) == paired
+
+
 def test_one_row_or_equal_rows_have_no_ci_rather_than_a_zero_width_one():
     """Today's bug: one scored row logged ci_low = ci_high = its score; 74 rows all at 1.0 logged
     [1.0, 1.0] — a certainty the data cannot give."""

@@ -10,9 +10,10 @@ single-process route's, so the means, quantiles and seeded bootstrap CIs are the
 from __future__ import annotations
 
 import math
+import operator
 import pickle
 from collections.abc import Sequence
-from functools import partial
+from functools import partial, reduce
 
 import numpy as np
 from pyspark.sql import Column, DataFrame
@@ -149,7 +150,10 @@ def _counted(out: DataFrame, metrics: Sequence[Metric]) -> dict[tuple[int, str],
         facts.append(F.struct(F.lit(i).alias("m"), F.lit("skip").alias("what"),
                               _col(columns["skip_reason"]).alias("label"), F.lit(None).cast("string").alias("example")))
     present = F.filter(F.array(*facts), lambda fact: fact["label"].isNotNull())
-    found = (out.select("row", F.explode(present).alias("f"))
+    # most rows are scored by every metric: only the others are exploded and grouped
+    unscored = reduce(operator.or_, [_col(metric_columns(m.key)[f]).isNotNull()
+                                     for m in metrics for f in ("error", "skip_reason")])
+    found = (out.filter(unscored).select("row", F.explode(present).alias("f"))
              .groupBy("f.m", "f.what", "f.label")
              .agg(F.count(F.lit(1)).alias("n"), F.min("row").alias("first"),
                   F.min_by("f.example", "row").alias("example"))
