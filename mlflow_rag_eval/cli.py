@@ -512,10 +512,13 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
 @click.option("--run", "run_id", required=True, help="An evaluation run whose traces reviewers labelled.")
 @click.option("--metric", default="faithfulness", show_default=True, help="Judge-graded metric.")
 @click.option("--label-name", default=None, help="Name of the human feedback (default: the metric key).")
+@click.option("--labels", "labels_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Labels collected elsewhere (CSV or JSONL: label, and trace_id or question [+ answer]) "
+                   "instead of the feedback on the run's traces.")
 @click.option("--confidence", type=float, default=0.95, show_default=True)
 @click.option("--no-log", is_flag=True, help="Print only; log nothing on the run.")
 @_tracking_option
-def ppi_command(run_id, metric, label_name, confidence, no_log, tracking_uri) -> None:
+def ppi_command(run_id, metric, label_name, labels_path, confidence, no_log, tracking_uri) -> None:
     """The metric's mean as people would score it: the judge's scores on every row of the run,
     corrected with the human labels on some (PPI++), with its CI; logged on the run as
     ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human``.
@@ -528,7 +531,10 @@ def ppi_command(run_id, metric, label_name, confidence, no_log, tracking_uri) ->
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-    estimate = ppi_from_run(run_id, metric, label_name=label_name, confidence=confidence, log=not no_log)
+    if labels_path and label_name:
+        raise click.UsageError("--label-name names feedback on the run's traces; --labels reads a file instead")
+    estimate = ppi_from_run(run_id, metric, label_name=label_name, labels=labels_path, confidence=confidence,
+                            log=not no_log)
     click.echo(f"{metric}: PPI++ mean {estimate.mean:.3f}, {confidence:.0%} CI [{estimate.ci_low:.3f}, "
                f"{estimate.ci_high:.3f}] from {estimate.n_human} human labels and {estimate.n_unlabelled} other rows "
                f"(judge weight {estimate.lam:.2f}); the judge alone says {estimate.judge_mean:.3f}, "

@@ -64,6 +64,8 @@ class EvaluatedRun:
     greater_is_better: dict[str, bool]
     #: the run's ``rag_eval/slices.json`` (None when it was not sliced)
     slices: dict[str, Any] | None = None
+    #: the run's MLflow metrics (the PPI estimates a reviewer's labels added, among others)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def identity(self) -> dict[str, str | None]:
@@ -102,7 +104,8 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
             lineage = json.load(f)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
     directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
-    return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client))
+    return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client),
+                        dict(run.data.metrics))
 
 
 def paired_scores(a: EvaluatedRun, b: EvaluatedRun, metric: str,

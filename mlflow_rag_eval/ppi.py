@@ -22,19 +22,20 @@ would bias the correction), and the unlabelled rows are the others: each row cou
 
 :func:`ppi_from_run` takes both from an evaluation run: the judge's Feedback on every trace and
 the HUMAN Feedback reviewers left on some (in the MLflow UI, or ``mlflow.log_feedback``), and
-logs ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human`` and
-``/ppi_lambda`` on the run, where the gate's floors can read them
-(``floors: {faithfulness/ppi_ci_low: 0.8}``).
+logs ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human``, ``/ppi_lambda`` and
+``/ppi_confidence`` on the run, where the gate's floors can read them
+(``floors: {faithfulness/ppi_ci_low: 0.8}``) and its regression rule can decide on them
+(``regression_test: {decide_on: ppi}``, :func:`ppi_difference`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PPIEstimate", "ppi_from_run", "ppi_mean"]
+__all__ = ["PPIDifference", "PPIEstimate", "labels_from_file", "ppi_difference", "ppi_from_run", "ppi_mean"]
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,14 @@ def _tuned_lambda(y: np.ndarray, f: np.ndarray, u: np.ndarray) -> float:
 
 
 def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str | None = None,
-                 confidence: float = 0.95, log: bool = True, client=None) -> PPIEstimate:
+                 labels=None, confidence: float = 0.95, log: bool = True, client=None) -> PPIEstimate:
     """The PPI++ estimate of ``metric``'s mean on an evaluation run, from its judge's scores
-    and the human labels on its traces (see the module docstring).
+    and the human labels on its traces (see the module docstring), or in ``labels``.
+
+    ``labels``: a labels file (CSV or JSONL) or DataFrame instead of the traces' feedback, for
+    labels collected elsewhere (a spreadsheet, a labelling tool): a ``label`` column (yes/no or a
+    number in [0, 1]) and, to find each row of the run, ``trace_id``, or ``question`` (with
+    ``answer`` too when the run asks a question twice); :func:`labels_from_file`.
 
     Rows the judge failed on carry no score and are left out on both sides (a label on such a
     row cannot be paired); labels are read as :func:`~mlflow_rag_eval.gate.calibration.labels_from_run`
@@ -137,7 +143,10 @@ def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str |
     from mlflow_rag_eval.keys import metric_key
 
     client = client or mlflow.MlflowClient()
-    rows, _ = labels_from_run(run_id, metric, label_name=label_name, client=client, unlabelled=True)
+    if labels is not None:
+        rows = labels_from_file(run_id, metric, labels, client=client)
+    else:
+        rows, _ = labels_from_run(run_id, metric, label_name=label_name, client=client, unlabelled=True)
     scored = rows[rows["status"] == "scored"]
     labelled = scored[scored["label"].notna()]
     others = scored[scored["label"].isna()]
@@ -150,6 +159,92 @@ def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str |
     if log:
         key = metric_key(metric)
         now = int(time.time() * 1000)
-        figures = {**estimate.as_metrics(key), f"{key}/ppi_lambda": estimate.lam}
+        figures = {**estimate.as_metrics(key), f"{key}/ppi_lambda": estimate.lam,
+                   f"{key}/ppi_confidence": confidence}
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
     return estimate
+
+
+def labels_from_file(run_id: str, metric: str, labels, *, client=None):
+    """The run's rows (``status``, ``score`` of ``metric``, ``label`` or None) with the labels of
+    a file or DataFrame matched to them by ``trace_id`` or by ``question`` (+ ``answer``).
+
+    Raises:
+        ValueError: no ``label`` column or no key column, a label that is no yes/no or number in
+            [0, 1], a label matching no row of the run or several (naming the label's row).
+    """
+    from pathlib import Path
+
+    import pandas as pd
+
+    from mlflow_rag_eval.comparison import load_evaluation
+    from mlflow_rag_eval.gate.calibration import label_value
+    from mlflow_rag_eval.keys import metric_key, score_column
+
+    if not isinstance(labels, pd.DataFrame):
+        path = Path(labels)
+        labels = (pd.read_csv(path) if path.suffix == ".csv"
+                  else pd.read_json(path, lines=path.suffix in (".jsonl", ".ndjson"), dtype=False))
+    table = load_evaluation(run_id, client).table
+    column = score_column(metric_key(metric))
+    if column not in table:
+        raise ValueError(f"run {run_id} has no {metric_key(metric)} scores")
+    keys = [k for k in (["trace_id"] if "trace_id" in labels else ["question", "answer"]) if k in labels]
+    if "label" not in labels or not keys or keys[0] not in table:
+        raise ValueError("labels need a 'label' column and 'trace_id' or 'question' (+ 'answer') to find the run's "
+                         f"rows; got columns {list(labels.columns)}")
+    index: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(*(table[k].astype(str) for k in keys))):
+        index.setdefault(key, []).append(i)
+    found: dict[int, float] = {}
+    for j, (key, value) in enumerate(zip(zip(*(labels[k].astype(str) for k in keys)), labels["label"])):
+        where = f"labels row {j} ({', '.join(f'{k}={v!r}' for k, v in zip(keys, key))})"
+        rows = index.get(key, [])
+        if len(rows) != 1:
+            raise ValueError(f"{where}: matches {len(rows)} rows of run {run_id}"
+                             + (" (add an 'answer' column, or use trace_id)" if rows else ""))
+        try:
+            found[rows[0]] = label_value(value)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    scores = pd.to_numeric(table[column], errors="coerce")
+    return pd.DataFrame({"score": scores, "status": ["scored" if pd.notna(v) else "unscored" for v in scores],
+                         "label": [found.get(i) for i in range(len(table))]})
+
+
+@dataclass(frozen=True)
+class PPIDifference:
+    """``b - a`` of two runs' PPI estimates of a metric's mean, with its normal CI."""
+
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+
+
+def ppi_difference(a: Mapping[str, float], b: Mapping[str, float], key: str, *,
+                   confidence: float = 0.95) -> PPIDifference | str:
+    """The difference of the PPI estimates two runs logged for metric ``key`` (``b - a``), or why
+    there is none (a run without ``<key>/ppi_*``: label some of its rows, then run
+    ``mlflow-rag-eval ppi``).
+
+    Each run's standard error is read back from its logged interval (normal, symmetric, at its
+    ``ppi_confidence``; 0.95 when not logged). The two estimates are treated as independent:
+    when both runs share rows, and the same people labelled both, they are positively
+    correlated and the interval is wider than it needs to be, never narrower (conservative).
+    """
+    from scipy.stats import norm
+
+    ses, means = [], []
+    for name, run in (("champion", a), ("candidate", b)):
+        mean, low, high = (run.get(f"{key}/{stat}") for stat in ("ppi_mean", "ppi_ci_low", "ppi_ci_high"))
+        if mean is None or low is None or high is None:
+            return (f"the {name} run has no PPI estimate of {key} (label a random sample of its rows, then "
+                    f"mlflow-rag-eval ppi --run RUN --metric {key})")
+        level = run.get(f"{key}/ppi_confidence", 0.95)
+        ses.append((high - low) / (2 * norm.ppf(1 - (1 - level) / 2)))
+        means.append(mean)
+    delta = means[1] - means[0]
+    half = norm.ppf(1 - (1 - confidence) / 2) * float(np.hypot(*ses))
+    return PPIDifference(delta=float(delta), ci_low=float(delta - half), ci_high=float(delta + half),
+                         confidence=confidence)

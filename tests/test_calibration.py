@@ -292,5 +292,32 @@ def test_ppi_from_the_labels_on_a_run_is_logged_and_gated(tracking_uri, local_ju
                               "calibration": {"required": False}})
         (check,) = [c for c in metric_checks(metrics, policy) if c.kind.startswith("floor")]
         assert check.passed is passes and check.value == pytest.approx(expected.ci_low)
+    assert metrics["faithfulness/ppi_confidence"] == 0.95  # the gate reads each run's standard error back
     refused = CliRunner().invoke(main, ["ppi", "--run", run_id, "--label-name", "nobody", "--tracking-uri", tracking_uri])
     assert refused.exit_code == 2 and "at least 2 labelled" in refused.output
+
+
+def test_ppi_from_a_labels_file_matches_rows_by_question(tracking_uri, local_judge, tmp_path):
+    """The same labels in a file (yes/no words, keyed by question) give the estimate the
+    traces' feedback gives; a label no row of the run has is refused, naming it."""
+    from mlflow_rag_eval.comparison import load_evaluation
+    from mlflow_rag_eval.ppi import ppi_from_run, ppi_mean
+
+    run_id = _evaluated_run(local_judge)
+    table = load_evaluation(run_id).table
+    truth = _labels_frame()["label"].tolist()
+    picked = [i for i in range(len(table)) if i % 3 != 2]
+    path = tmp_path / "labels.jsonl"
+    pd.DataFrame({"question": table["question"][picked], "label": ["yes" if truth[i] else "no" for i in picked]}
+                 ).to_json(path, orient="records", lines=True)
+    out = CliRunner().invoke(main, ["ppi", "--run", run_id, "--labels", str(path), "--no-log",
+                                    "--tracking-uri", tracking_uri])
+    assert out.exit_code == 0, out.output
+    scores = pd.to_numeric(table["faithfulness/score"]).tolist()
+    expected = ppi_mean([float(truth[i]) for i in picked], [scores[i] for i in picked],
+                        [scores[i] for i in range(len(table)) if i not in picked])
+    assert f"PPI++ mean {expected.mean:.3f}" in out.output
+    assert ppi_from_run(run_id, labels=path, log=False).ci_low == pytest.approx(expected.ci_low, abs=1e-12)
+    stray = pd.DataFrame({"question": ["When does the zoo open?"], "label": [1]})
+    with pytest.raises(ValueError, match=r"labels row 0 \(question='When does the zoo open\?'\): matches 0 rows"):
+        ppi_from_run(run_id, labels=stray, log=False)

@@ -621,7 +621,7 @@ def test_the_shipped_json_schema_is_the_models():
         "^.+/(mean|median|p10|ci_low|ci_high|ppi_mean|ppi_ci_low|ppi_ci_high)$"}
     assert props["floors"]["additionalProperties"] is False
     regression = shipped["$defs"]["RegressionTest"]["properties"]
-    assert regression["decide_on"]["enum"] == ["point", "ci_low", "test"]
+    assert regression["decide_on"]["enum"] == ["point", "ci_low", "test", "ppi"]
     assert regression["correction"]["enum"] == ["holm", "none"] and regression["correction"]["default"] == "holm"
     assert shipped["$defs"]["CalibrationRequirement"]["additionalProperties"] is False
 
@@ -740,6 +740,55 @@ def test_equal_differences_decide_on_that_difference():
     drop = _regression(_evaluated("A", [1.0] * 4), _evaluated("B", [0.8] * 4), regression_test={"decide_on": "ci_low"})
     assert not drop.passed and drop.reason.startswith("faithfulness regressed: paired delta -0.200 < -0.1")
     assert "no CI to tell a real drop from noise" in drop.reason
+
+
+def test_decide_on_ppi_decides_on_the_human_corrected_difference():
+    """The judge says nothing moved (same scores); the PPI estimates, which human labels
+    corrected, say the candidate dropped: the difference's CI is the normal one of two
+    independent estimates, each standard error read back from its logged 95% interval."""
+    from scipy.stats import norm
+
+    from mlflow_rag_eval.ppi import ppi_difference
+
+    scores = [1.0, 0.0, 1.0, 1.0] * 10
+    z = norm.ppf(0.975)
+
+    def with_ppi(run, mean, se):
+        run.metrics.update({"faithfulness/ppi_mean": mean, "faithfulness/ppi_ci_low": mean - z * se,
+                            "faithfulness/ppi_ci_high": mean + z * se, "faithfulness/ppi_confidence": 0.95})
+        return run
+
+    champion = with_ppi(_evaluated("A", scores), 0.80, 0.03)
+    dropped = with_ppi(_evaluated("B", scores), 0.62, 0.04)
+    check = _regression(champion, dropped, regression_test={"decide_on": "ppi", "confidence": 0.9})
+    low = (0.62 - 0.80) - norm.ppf(0.95) * (0.03 ** 2 + 0.04 ** 2) ** 0.5
+    assert check.value == pytest.approx(low, abs=1e-12) and not check.passed
+    assert check.reason.startswith(f"faithfulness regressed: the PPI CI lower bound {low:+.3f} < -0.1")
+    assert "judge: " in check.reason and check.delta == 0  # the judge alone saw no change
+    assert ppi_difference(champion.metrics, dropped.metrics, "faithfulness").delta == pytest.approx(-0.18)
+
+    same = with_ppi(_evaluated("C", scores), 0.80, 0.03)
+    assert _regression(champion, same, regression_test={"decide_on": "ppi"}).passed
+    unlabelled = _regression(champion, _evaluated("D", scores), regression_test={"decide_on": "ppi"})
+    assert not unlabelled.passed and unlabelled.value is None
+    assert "the candidate run has no PPI estimate of faithfulness" in unlabelled.reason
+    assert "mlflow-rag-eval ppi --run RUN --metric faithfulness" in unlabelled.reason
+
+
+def test_decide_on_ppi_leaves_metrics_the_judge_does_not_grade_to_the_paired_delta():
+    from mlflow_rag_eval.comparison import EvaluatedRun, compare_evaluations
+    from mlflow_rag_eval.gate.checks import regression_check
+
+    def run(run_id, scores):
+        return EvaluatedRun(run_id, {}, pd.DataFrame({"question": [f"q{i}" for i in range(4)], "reference": "r",
+                                                     "mrr/score": scores}), {"mrr": True})
+
+    a, b = run("A", [1.0, 1.0, 0.5, 1.0]), run("B", [1.0, 0.5, 0.5, 1.0])
+    (delta,) = compare_evaluations(a, b).deltas
+    check = regression_check("mrr", a, b, delta, load_policy({"max_regression": {"mrr": 0.1},
+                                                              "regression_test": {"decide_on": "ppi"}}))
+    assert check.value == pytest.approx(-0.125) and not check.passed
+    assert check.reason.startswith("mrr regressed: paired delta -0.125 < -0.1")
 
 
 def test_a_floor_on_a_ci_the_run_could_not_compute_says_so():

@@ -248,7 +248,9 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
         reason = "" if ok else (f"{metric} regressed: the drop beyond {tolerance:g} is significant, {correction} "
                                 f"p={adjusted_p:.3g} < {alpha:g} ({detail})")
         return Check(metric, "regression", adjusted_p, alpha, ok, reason, delta=adjusted, detail=detail)
-    if test.decide_on == "point" or (low is None and len(sa) >= 2 and stats.all_equal(sb - sa)):
+    if test.decide_on == "ppi" and is_judge_graded(metric):
+        return _ppi_regression_check(metric, champion, candidate, delta, tolerance, test, detail)
+    if test.decide_on in ("point", "ppi") or (low is None and len(sa) >= 2 and stats.all_equal(sb - sa)):
         decided = adjusted  # ci_low without a CI: every pair moved by exactly this much
     elif low is None:
         return Check(metric, "regression", None, -tolerance, False,
@@ -258,10 +260,28 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
     ok = decided >= -tolerance
     reason = ""
     if not ok:
-        what = "paired delta" if test.decide_on == "point" or low is None else f"{pct} CI lower bound"
+        what = "paired delta" if test.decide_on in ("point", "ppi") or low is None else f"{pct} CI lower bound"
         reason = (f"{metric} regressed: {what} {decided:+.3f} < -{tolerance:g} "
                   f"({detail}; {noise})")
     return Check(metric, "regression", decided, -tolerance, ok, reason, delta=adjusted, detail=detail)
+
+
+def _ppi_regression_check(metric: str, champion, candidate, delta, tolerance: float, test, detail: str) -> Check:
+    """``decide_on: ppi``: the lower bound of the CI of the PPI estimates' difference decides."""
+    from mlflow_rag_eval.ppi import ppi_difference
+
+    sign = 1.0 if delta.greater_is_better else -1.0
+    diff = ppi_difference(champion.metrics, candidate.metrics, metric, confidence=test.confidence)
+    if isinstance(diff, str):
+        return Check(metric, "regression", None, -tolerance, False, f"{metric}: cannot decide on PPI: {diff}",
+                     delta=sign * delta.delta, detail=detail)
+    low, high = sorted((sign * diff.ci_low, sign * diff.ci_high))
+    shown = (f"PPI estimate {sign * diff.delta:+.3f}, {test.confidence:.0%} CI [{low:+.3f}, {high:+.3f}] "
+             f"(champion {champion.metrics[f'{metric}/ppi_mean']:.3f} -> candidate "
+             f"{candidate.metrics[f'{metric}/ppi_mean']:.3f}); judge: {detail}")
+    ok = low >= -tolerance
+    reason = "" if ok else f"{metric} regressed: the PPI CI lower bound {low:+.3f} < -{tolerance:g} ({shown})"
+    return Check(metric, "regression", low, -tolerance, ok, reason, delta=sign * delta.delta, detail=shown)
 
 
 def is_judge_graded(key: str) -> bool:

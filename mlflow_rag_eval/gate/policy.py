@@ -71,6 +71,14 @@ gates, Holm keeps the rate at 5% (``bench/multiple_comparisons.py``). ``correcti
 decides on each metric's raw p. Every regression check reports both p-values, whatever
 ``decide_on`` is.
 
+``decide_on: ppi`` decides a judge-graded metric on what people would score rather than on the
+judge: each run carries its PPI++ estimate of the metric's mean (``mlflow-rag-eval ppi``, from
+human labels on a random sample of its rows, :mod:`mlflow_rag_eval.ppi`), and the metric
+regresses when the lower bound of the CI (at ``confidence``) of the difference of the two
+estimates is below ``-max_regression`` (:func:`mlflow_rag_eval.ppi.ppi_difference`). A run
+without the estimate fails the check, naming the command. Metrics the judge does not grade
+(retrieval) decide on the paired delta, as with ``point``.
+
 Per-slice limits (``slice_floors``, ``slice_ceilings``) apply to a run evaluated with
 ``slice_by`` (:mod:`mlflow_rag_eval.slices`) and are read from its ``rag_eval/slices.json``:
 
@@ -176,9 +184,11 @@ class RegressionTest(_Strict):
 
     confidence: Annotated[float, Strict(), Field(gt=0.0, lt=1.0, allow_inf_nan=False)] = Field(
         0.95, description="Level of the two-sided paired bootstrap CI shown (and used by decide_on: ci_low).")
-    decide_on: Literal["point", "ci_low", "test"] = Field(
+    decide_on: Literal["point", "ci_low", "test", "ppi"] = Field(
         "point", description="point: the paired mean delta decides; ci_low: the CI's lower bound decides (stricter); "
-                             "test: the one-sided regression test decides, at 1 - confidence after the correction.")
+                             "test: the one-sided regression test decides, at 1 - confidence after the correction; "
+                             "ppi: for judge-graded metrics, the lower bound of the CI of the difference of the two "
+                             "runs' PPI estimates (human labels correcting the judge) decides; others decide on point.")
     correction: Literal["holm", "none"] = Field(
         "holm", description="Multiple-comparison correction of the regression p-values across the metrics gated "
                             "together (reported always; decides with decide_on: test).")
