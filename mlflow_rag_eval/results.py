@@ -163,6 +163,22 @@ class MetricResult:
     def summary(self) -> MetricSummary:
         return summarize(self.rows)
 
+    @cached_property
+    def agreement(self):
+        """The judge panel's agreement on this metric
+        (:class:`~mlflow_rag_eval.agreement.PanelAgreement`), or None when no panel judged it."""
+        from mlflow_rag_eval.agreement import panel_agreement
+
+        return panel_agreement(self.rows) if self.judged else None
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        """The metric's MLflow aggregates: the summary's, and a panel's agreement when one
+        judged it (``<key>/panel_alpha``...)."""
+        out = self.summary.as_metrics(self.key)
+        if self.agreement is not None:
+            out.update(self.agreement.as_metrics(self.key))
+        return out
+
     @property
     def error_rate(self) -> float:
         """Failed rows over the rows the metric applies to (0 when it applies to none)."""
