@@ -136,6 +136,22 @@ def _worst(result: EvaluationResult, worst: dict[str, Any]) -> list[dict[str, An
     return blocks
 
 
+def _panel(result: EvaluationResult, worst: dict[str, Any]) -> dict[str, Any] | None:
+    """Under a judge panel: its members and, per metric, the agreement and the rows where the
+    members disagree most (from worst_rows.json's ``panel`` and ``disagreements``)."""
+    if not result.judge.members:
+        return None
+    metrics = []
+    for m in result.metrics:
+        w = worst["metrics"].get(m.key) or {}
+        if "panel" not in w:
+            continue
+        rows = [{**r, "decisions_text": _evidence_text({"split decisions": r["decisions"]})}
+                for r in w["disagreements"][:ROWS_SHOWN]]
+        metrics.append({"name": m.name, **w["panel"], "rows": rows, "n_rows_split": len(w["disagreements"])})
+    return {"members": [j.name for j in result.judge.members], "metrics": metrics}
+
+
 def _slices(slices) -> list[dict[str, Any]]:
     """Per sliced field, a column per value (its rows) and a row per metric: the mean, CI and
     errors on that slice (the figures :mod:`mlflow_rag_eval.slices` computed, which are also
@@ -210,6 +226,7 @@ def render_report(
         distributions=_distributions(result),
         quadrant=_quadrant(result),
         worst=_worst(result, worst),
+        panel=_panel(result, worst),
         worst_percent=f"{100 * worst['fraction']:g}%",
         rows_shown=ROWS_SHOWN,
         usage=_usage(result, lineage),
