@@ -104,10 +104,11 @@ class EvaluationFigures:
         return [m for m in self.metrics if m.error_rate > max_error_rate]
 
     def aggregates(self) -> dict[str, float]:
-        """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ..."""
+        """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ...
+        (``/panel_alpha``... too when a judge panel judged the metric)."""
         out: dict[str, float] = {}
         for m in self.metrics:
-            out.update(m.summary.as_metrics(m.key))
+            out.update(m.aggregate_metrics())
         return out
 
 

@@ -45,7 +45,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
-    "AGGREGATES", "MAX_KEY_LENGTH", "PPI_STATS", "SEGMENT_LIMIT", "SLICE", "aggregate_key", "display_name", "is_namespaced",
+    "AGGREGATES", "MAX_KEY_LENGTH", "PANEL_STATS", "PPI_STATS", "SEGMENT_LIMIT", "SLICE", "aggregate_key", "display_name", "is_namespaced",
     "is_slice_key", "metric_key", "metrics_in_columns", "score_column", "slice_prefix", "slice_segments",
     "split_aggregate_key",
 ]
@@ -56,6 +56,10 @@ AGGREGATES = ("mean", "median", "p10", "ci_low", "ci_high")
 #: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.ppi`), logged as ``<key>/<stat>``
 #: once humans labelled some of a run's rows; floors may name these too
 PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
+#: a judge panel's inter-judge agreement on a metric (:mod:`mlflow_rag_eval.agreement`):
+#: Krippendorff's alpha and its bootstrap CI, logged as ``<key>/<stat>`` when a panel judged it.
+#: They describe the judge, not the pipeline: gate floors do not name them
+PANEL_STATS = ("panel_alpha", "panel_alpha_ci_low", "panel_alpha_ci_high")
 _CUTOFF_KEY = re.compile(r"_at_(\d+)$")
 _SCORE = "/score"
 #: the level of a slice key after the metric key: ``<key>/slice/<field>/<value>/<stat>``

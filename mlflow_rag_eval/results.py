@@ -12,7 +12,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -185,6 +185,9 @@ class MetricFigures:
     failure_counts: tuple[tuple[str, int, str], ...] = ()
     #: ``(reason, rows)`` per reason a row was not applicable, the most frequent first
     skip_counts: tuple[tuple[str, int], ...] = ()
+    #: a judge panel's agreement on the metric (:class:`~mlflow_rag_eval.agreement.PanelAgreement`,
+    #: without its per-row votes), None when no panel judged it or the rows were not held
+    agreement: Any = None
 
     @property
     def key(self) -> str:
@@ -193,6 +196,14 @@ class MetricFigures:
     @property
     def error_rate(self) -> float:
         return self.summary.error_rate
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        """The metric's MLflow aggregates: the summary's, and a panel's agreement when one
+        judged it (``<key>/panel_alpha``...)."""
+        out = self.summary.as_metrics(self.key)
+        if self.agreement is not None:
+            out.update(self.agreement.as_metrics(self.key))
+        return out
 
     def failures(self) -> list[tuple[str, int, str]]:
         return list(self.failure_counts)
@@ -223,6 +234,18 @@ class MetricResult:
     def summary(self) -> MetricSummary:
         return summarize(self.rows, seed=self.seed)
 
+    @cached_property
+    def agreement(self):
+        """The judge panel's agreement on this metric
+        (:class:`~mlflow_rag_eval.agreement.PanelAgreement`), or None when no panel judged it."""
+        from mlflow_rag_eval.agreement import panel_agreement
+
+        return panel_agreement(self.rows) if self.judged else None
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        """See :meth:`MetricFigures.aggregate_metrics`."""
+        return self.figures().aggregate_metrics()
+
     @property
     def error_rate(self) -> float:
         """Failed rows over the rows the metric applies to (0 when it applies to none)."""
@@ -230,8 +253,10 @@ class MetricResult:
 
     def figures(self) -> MetricFigures:
         """The metric's outcome without its rows."""
+        agreement = self.agreement
         return MetricFigures(self.name, self.spec, self.summary, self.greater_is_better, self.judged,
-                             tuple(self.failures()), tuple(self.skip_reasons()))
+                             tuple(self.failures()), tuple(self.skip_reasons()),
+                             replace(agreement, row_units=()) if agreement is not None else None)
 
     def failures(self) -> list[tuple[str, int, str]]:
         """``(kind, rows, first example)`` per error kind, the most frequent first."""

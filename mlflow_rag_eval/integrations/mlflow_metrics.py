@@ -81,7 +81,7 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
             _logger.warning("rag eval: %s failed on %d of %d rows (%dx %s, e.g. %s)", metric_result.name,
                             metric_result.summary.n_error, len(metric_result.rows), count, kind, example[:200])
         prefix = f"{metric_result.key}/"
-        aggregates = {k[len(prefix):]: v for k, v in metric_result.summary.as_metrics(metric_result.key).items()}
+        aggregates = {k[len(prefix):]: v for k, v in metric_result.aggregate_metrics().items()}
         return MetricValue(
             scores=[row.value for row in metric_result.rows],
             justifications=[row.justification for row in metric_result.rows],

@@ -9,6 +9,7 @@ with the same code. Each scheme belongs to a provider registered with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mlflow_rag_eval.judges.base import (
@@ -53,13 +54,15 @@ __all__ = [
 DEFAULT_JUDGE = "local:minilm-l6"
 
 
-def get_judge(spec: str | Judge | None = None, **options: Any) -> Judge:
-    """A judge from its name, or the given Judge as is.
+def get_judge(spec: str | Judge | Sequence[str | Judge] | None = None, **options: Any) -> Judge:
+    """A judge from its name, or the given Judge as is; a list of them is a judge panel.
 
     Names: ``local:minilm-l6`` (default) or ``local:<model folder>``; ``openai:/<model>``
     (``?base_url=...`` for any OpenAI-compatible server); ``bedrock:/<model id>``
     (``?region_name=...&profile_name=...``); ``endpoints:/<MLflow deployments endpoint>``
-    (``?target_uri=...``); ``llamacpp:/<path.gguf>``; ``scripted``; and any scheme a
+    (``?target_uri=...``); ``llamacpp:/<path.gguf>``; ``scripted``;
+    ``panel:<name>,<name>,...`` (a judge panel, :mod:`mlflow_rag_eval.judges.panel`; also
+    given as a list of names and judges, or as ``"panel", members=[...]``); and any scheme a
     third-party package registers. Each provider parses its own name and its query-string
     options, and refuses options it does not know.
 
@@ -73,6 +76,11 @@ def get_judge(spec: str | Judge | None = None, **options: Any) -> Judge:
         MissingJudgeDependency: (an ImportError) the provider's optional dependency is not
             installed; the message names what to install.
     """
+    if isinstance(spec, (list, tuple)) or (spec == "panel" and "members" in options):
+        from mlflow_rag_eval.judges.panel import panel_judge
+
+        members = spec if isinstance(spec, (list, tuple)) else options.pop("members")
+        return panel_judge(members, **options)
     if isinstance(spec, Judge):
         if options:
             raise ValueError(f"options {sorted(options)} apply to a judge name, not to a ready Judge")

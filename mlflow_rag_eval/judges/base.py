@@ -44,6 +44,10 @@ class Verdict:
             context sentence).
         score: the judge's continuous confidence in [0, 1], where it has one.
         source_index: index of the passage the evidence comes from, where it applies.
+        votes: a judge panel's decision only: each member's vote, in member order (its verdict
+            for a yes/no decision, its score for a graded one; None where the member failed).
+            Metrics keep verdicts in their rows' details, so the votes reach the run's table,
+            the inter-judge agreement and the disagreement rows without the metric knowing.
     """
 
     value: bool
@@ -51,6 +55,7 @@ class Verdict:
     evidence: str | None = None
     score: float | None = None
     source_index: int | None = None
+    votes: tuple[bool | float | None, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -126,6 +131,8 @@ class JudgeInfo:
     prompts_version: str
     params: dict[str, Any] = field(default_factory=dict)
     model_files_sha256: str | None = None
+    #: a judge panel's members, in order (the lineage lists each one); empty for one judge
+    members: tuple[JudgeInfo, ...] = ()
 
 
 class Judge(ABC):

@@ -61,6 +61,7 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     "endpoints": ("mlflow_rag_eval.judges.mlflow_endpoints", None),
     "llamacpp": ("mlflow_rag_eval.judges.llamacpp", "llamacpp"),
     "scripted": ("mlflow_rag_eval.judges.scripted", None),
+    "panel": ("mlflow_rag_eval.judges.panel", None),
 }
 
 _SCHEME = re.compile(r"[a-z][a-z0-9_.\-]*")

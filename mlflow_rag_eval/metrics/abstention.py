@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
-from mlflow_rag_eval.metrics.generation import _failed
+from mlflow_rag_eval.metrics.generation import _failed, _votes
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Abstention", "FalseAbstention"]
@@ -44,6 +44,7 @@ class _AbstentionRate(Metric):
                     out[i] = RowResult.scored(
                         1.0 if verdict.value else 0.0,
                         f"{'abstains' if verdict.value else 'answers'}: {verdict.reason}",
+                        **_votes(verdict),
                     )
             return out
 

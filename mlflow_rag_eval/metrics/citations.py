@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mlflow_rag_eval.judges.base import JudgeFailure, VerifyItem
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
-from mlflow_rag_eval.metrics.generation import _failed
+from mlflow_rag_eval.metrics.generation import _failed, _votes
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 from mlflow_rag_eval.text import split_sentences
@@ -127,6 +127,7 @@ class CitationSupport(_CitationMetric):
                     details.append({
                         "sentence": c.sentence, "target": c.target, "supported": ok,
                         "reason": verdict[0].reason if verdict is not None else "cited source was not retrieved",
+                        **(_votes(verdict[0]) if verdict is not None else {}),
                     })
                 out[i] = RowResult.scored(
                     supported / len(cites),

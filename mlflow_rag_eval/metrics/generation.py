@@ -21,7 +21,15 @@ __all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall
 
 
 def _failed(outcome: JudgeFailure) -> RowResult:
-    return RowResult.failed(f"{outcome.kind}: {outcome.message}")
+    # A failure may carry details: a judge panel's votes on a row it could not decide (a tie),
+    # which the agreement and the disagreement rows count.
+    return RowResult.failed(f"{outcome.kind}: {outcome.message}", **getattr(outcome, "details", {}))
+
+
+def _votes(outcome: object) -> dict[str, list]:
+    """``{"votes": [...]}`` for a judge panel's verdict or score (the members' votes), else {}."""
+    votes = getattr(outcome, "votes", None)
+    return {"votes": list(votes)} if votes else {}
 
 
 def _claim_support(
@@ -232,7 +240,8 @@ class AnswerRelevancy(Metric):
             if isinstance(verdict, JudgeFailure):
                 out[i] = _failed(verdict)
             elif verdict.value:
-                out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})")
+                out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})",
+                                          **({"abstention": _votes(verdict)} if _votes(verdict) else {}))
             else:
                 committed.append(i)
         sims = judge.similarity([(records[i].question, records[i].answer) for i in committed])
@@ -240,7 +249,8 @@ class AnswerRelevancy(Metric):
             out[i] = (
                 _failed(sim)
                 if isinstance(sim, JudgeFailure)
-                else RowResult.scored(sim, f"question-answer similarity {sim:.2f}")
+                else RowResult.scored(sim, f"question-answer similarity {sim:.2f}",
+                                      **({"similarity": {"value": float(sim), **_votes(sim)}} if _votes(sim) else {}))
             )
         return out
 
@@ -272,7 +282,7 @@ class AnswerRelevancy(Metric):
             out[i] = RowResult.scored(
                 value,
                 f"mean similarity {value:.2f} of {len(items)} questions generated from the answer",
-                generated_questions=[{"question": q, "similarity": s} for q, s in items],
+                generated_questions=[{"question": q, "similarity": float(s), **_votes(s)} for q, s in items],
             )
         return out
 

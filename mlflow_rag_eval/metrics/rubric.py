@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
-from mlflow_rag_eval.metrics.generation import _failed
+from mlflow_rag_eval.metrics.generation import _failed, _votes
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Rubric", "rubric"]
@@ -85,7 +85,7 @@ class Rubric(Metric):
                 out[i] = RowResult.scored(
                     verdict.score,
                     f"{raw:g} of {self.low:g}..{self.high:g} ({'pass' if passed else 'fail'}): {verdict.reason}",
-                    raw_score=raw, passed=passed, steps=verdict.evidence,
+                    raw_score=raw, passed=passed, steps=verdict.evidence, **_votes(verdict),
                 )
             return out
 

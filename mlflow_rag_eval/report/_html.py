@@ -142,6 +142,22 @@ def _worst(figures: EvaluationFigures, worst: dict[str, Any]) -> list[dict[str, 
     return blocks
 
 
+def _panel(result: EvaluationFigures, worst: dict[str, Any]) -> dict[str, Any] | None:
+    """Under a judge panel: its members and, per metric, the agreement and the rows where the
+    members disagree most (from worst_rows.json's ``panel`` and ``disagreements``)."""
+    if not result.judge.members:
+        return None
+    metrics = []
+    for m in result.metrics:
+        w = worst["metrics"].get(m.key) or {}
+        if "panel" not in w:
+            continue
+        rows = [{**r, "decisions_text": _evidence_text({"split decisions": r["decisions"]})}
+                for r in w["disagreements"][:ROWS_SHOWN]]
+        metrics.append({"name": m.name, **w["panel"], "rows": rows, "n_rows_split": len(w["disagreements"])})
+    return {"members": [j.name for j in result.judge.members], "metrics": metrics}
+
+
 def _slices(slices) -> list[dict[str, Any]]:
     """Per sliced field, a column per value (its rows) and a row per metric: the mean, CI and
     errors on that slice (the figures :mod:`mlflow_rag_eval.slices` computed, which are also
@@ -238,6 +254,7 @@ def render_figures_report(
         distributions=_distributions(figures, scores),
         quadrant=_quadrant(figures, scores),
         worst=_worst(figures, worst),
+        panel=_panel(figures, worst),
         worst_percent=f"{percent} (at most {limit} per metric)" if limit else percent,
         worst_limit=limit,
         rows_shown=ROWS_SHOWN,

@@ -13,12 +13,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from mlflow_rag_eval.agreement import decisions, most_disagreed
 from mlflow_rag_eval.engine import EvaluationResult
 from mlflow_rag_eval.results import MetricFigures, MetricResult, RowResult
 
 __all__ = ["worst_rows", "json_safe", "metric_entry", "row_entry", "truncate", "WORST_ROWS_SCHEMA_VERSION"]
 
-#: 2: rows at the best score are left out; ``best`` and ``note`` added
+#: 2: rows at the best score are left out; ``best`` and ``note`` added. Under a judge panel a
+#: metric also has ``panel`` and ``disagreements``: keys added, none changed, so still 2
 WORST_ROWS_SCHEMA_VERSION = 2
 
 #: user text (questions, answers) is cut to this many characters in the artifact and the page
@@ -115,9 +117,39 @@ def row_entry(i: int, question: str | None, answer: str | None, row: RowResult, 
     return entry
 
 
+def _disagreement_entry(result: EvaluationResult, metric, i: int, share: float) -> dict[str, Any]:
+    row = metric.rows[i]
+    question, answer = _question_answer(result, i)
+    entry: dict[str, Any] = {"row": i, "question": question, "answer": answer, "disagreement": share}
+    if row.error is not None:
+        entry["error"] = row.error
+    else:
+        entry["value"], entry["justification"] = json_safe(row.value), row.justification
+    # only the decisions the members split on, with what they were about (claim, passage...)
+    entry["decisions"] = [json_safe(d) for d in decisions(row.details)
+                          if len({v for v in d["votes"] if v is not None}) > 1]
+    return entry
+
+
+def _panel(result: EvaluationResult, metric, fraction: float, min_rows: int) -> dict[str, Any]:
+    """A metric's ``panel`` and ``disagreements`` entries under a judge panel (else nothing)."""
+    agreement = metric.agreement
+    if agreement is None:
+        return {}
+    return {
+        "panel": {"members": [m.name for m in result.judge.members], "level": agreement.level,
+                  "krippendorff_alpha": agreement.alpha, "ci_low": agreement.ci_low, "ci_high": agreement.ci_high,
+                  "n_decisions": agreement.n_decisions, "n_rows": agreement.n_rows, "missing": agreement.missing},
+        "disagreements": [_disagreement_entry(result, metric, i, share)
+                          for i, share in most_disagreed(agreement, fraction, min_rows)],
+    }
+
+
 def metric_entry(metric: MetricResult | MetricFigures, *, best: float | None, cutoff: float | None,
-                 worst: list[dict[str, Any]], errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """One metric's entry of :func:`worst_rows`, from the rows chosen (:func:`row_entry` each)."""
+                 worst: list[dict[str, Any]], errors: list[dict[str, Any]],
+                 panel: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One metric's entry of :func:`worst_rows`, from the rows chosen (:func:`row_entry` each);
+    ``panel``: its ``panel`` and ``disagreements`` entries under a judge panel."""
     summary = metric.summary
     return {
         "name": metric.name,
@@ -130,6 +162,7 @@ def metric_entry(metric: MetricResult | MetricFigures, *, best: float | None, cu
         "note": _note(metric.greater_is_better, [e["row"] for e in worst], best),
         "worst": worst,
         "errors": errors,
+        **(panel or {}),
     }
 
 
@@ -145,6 +178,7 @@ def _metric_worst(result: EvaluationResult, metric, fraction: float, min_rows: i
         metric, best=best, cutoff=cutoff,
         worst=[_row_entry(result, metric, i, error=False) for i in chosen],
         errors=[_row_entry(result, metric, i, error=True) for i, row in enumerate(metric.rows) if row.status == "error"],
+        panel=_panel(result, metric, fraction, min_rows),
     )
 
 
@@ -174,6 +208,14 @@ def worst_rows(result: EvaluationResult, fraction: float = 0.1, min_rows: int = 
     (both cut to 500 characters), ``value``, ``justification``, ``evidence`` (the row's details:
     claims, verdicts, passages as the metric wrote them). Each error: ``row``, ``question``,
     ``answer``, ``error``, ``evidence``.
+
+    Under a judge panel (:mod:`mlflow_rag_eval.judges.panel`) each judge-graded metric also
+    has ``panel`` (``members``, ``level``, ``krippendorff_alpha``, ``ci_low``, ``ci_high``,
+    ``n_decisions``, ``n_rows``, ``missing``: why alpha is None) and ``disagreements``: the
+    rows where the members disagree most (:func:`mlflow_rag_eval.agreement.most_disagreed`,
+    with the same ``fraction`` and ``min_rows``), each with ``row``, ``question``, ``answer``,
+    ``disagreement``, ``value`` and ``justification`` (or ``error``: a row the panel could not
+    decide) and ``decisions``: the split decisions, their ``votes`` in member order.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
