@@ -555,3 +555,12 @@ def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, r
     refused = runner.invoke(main, ["evaluate", "--data", str(bad), "--spark", "local[2]", "--metrics", "mrr"])
     assert refused.exit_code == 2 and "row 250, column 'question'" in refused.output
     assert len(mlflow.search_runs(output_format="list")) == 2  # no third run
+
+
+def test_a_cluster_needs_an_output_every_executor_can_write(spark, rows_2000, tracking_uri, monkeypatch):
+    from mlflow_rag_eval.spark import _run, evaluate_spark
+
+    monkeypatch.setattr(_run, "_on_one_machine", lambda session: False)
+    with pytest.raises(ValueError, match="on a cluster .* give output="):
+        evaluate_spark(rows_2000[1], ["mrr"])
+    assert mlflow.search_runs(output_format="list") == []

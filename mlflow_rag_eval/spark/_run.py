@@ -144,6 +144,10 @@ def evaluate_spark(
         assert_run_is_fresh(client, run_id)
 
     indexed, n_rows = read_indexed(data)
+    if output is None and not _on_one_machine(indexed.sparkSession):
+        raise ValueError(f"on a cluster (master {indexed.sparkSession.sparkContext.master!r}) give output=: a folder "
+                         "every executor can write and the driver can read (s3a://..., hdfs://..., a shared mount); "
+                         "the default is a temporary folder on the driver, which executors elsewhere cannot reach")
     columns = [c for c in indexed.columns if c != ROW]
     # Whole-column problems (a required column missing, a name twice) from the schema alone,
     # by the single-process code: an empty frame with the data's columns.
@@ -181,6 +185,12 @@ def evaluate_spark(
                     max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
     announce(done.figures, max_error_rate=max_error_rate)
     return done
+
+
+def _on_one_machine(spark) -> bool:
+    """Whether the executors run on the driver's machine (``local[...]``): only then can they
+    write the scored rows to a temporary folder of the driver's."""
+    return spark.sparkContext.master.startswith("local")
 
 
 def worker_share(judge: Judge | None, workers: int) -> tuple[tuple[str, Any], ...]:
