@@ -348,18 +348,23 @@ def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experi
     click.echo(golden.report.to_text())
     click.echo(f"wrote {out}: {len(golden.rows)} questions, digest {golden.digest}")
     if log_as:
-        import mlflow
-
         from mlflow_rag_eval.golden import log_golden_set
 
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        if experiment:
-            mlflow.set_experiment(experiment)
+        _use_store(tracking_uri, experiment)
         logged = log_golden_set(golden, log_as)
         where = (f"MLflow evaluation dataset {logged.dataset_id}" if logged.dataset_id
                  else f"run {logged.run_id} (this store has no evaluation datasets)")
         click.echo(f"logged as {log_as!r}: {where}")
+
+
+def _use_store(tracking_uri: str | None, experiment: str | None) -> None:
+    """Point MLflow at ``--tracking-uri`` and ``--experiment`` when given."""
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    if experiment:
+        mlflow.set_experiment(experiment)
 
 
 def _read_rows(path: str):
@@ -449,10 +454,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     except ValueError as exc:
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    if experiment:
-        mlflow.set_experiment(experiment)
+    _use_store(tracking_uri, experiment)
     with mlflow.start_run(run_name=run_name) as run:
         log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields)
     try:
@@ -473,8 +475,6 @@ def _column_mapping(columns: tuple[str, ...]) -> dict[str, str]:
 def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
                        max_error_rate, master, output, max_table_rows, tracking_uri) -> None:
     """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
-    import mlflow
-
     from mlflow_rag_eval.results import ErrorRateExceeded
 
     try:
@@ -484,10 +484,7 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
     except ImportError as exc:
         click.echo(f"cannot evaluate on Spark: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    if experiment:
-        mlflow.set_experiment(experiment)
+    _use_store(tracking_uri, experiment)
     started = SparkSession.getActiveSession() is None  # a caller's session (a notebook, a test) is left running
     spark = SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate()
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None

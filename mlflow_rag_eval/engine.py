@@ -13,6 +13,7 @@ Order of work, so that bad input never costs a judge call:
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import sys
 import threading
@@ -34,8 +35,8 @@ from mlflow_rag_eval.stats import SEED
 from mlflow_rag_eval.suite import DEFAULT_METRICS, Suite, fields_present, prepare_suite
 
 __all__ = [
-    "DEFAULT_METRICS", "EvaluationFigures", "EvaluationResult", "evaluate_records", "no_judge", "prepare_suite",
-    "score_records",
+    "DEFAULT_METRICS", "EvaluationContext", "EvaluationFigures", "EvaluationResult", "evaluate_records", "no_judge",
+    "prepare_suite", "score_records",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -43,18 +44,12 @@ _logger = logging.getLogger(__name__)
 BATCH_SIZE = 1024
 
 
-@dataclass
-class EvaluationFigures:
-    """An evaluation's outcome without its rows: per-metric figures, the judge, the dataset.
+@dataclass(kw_only=True)
+class EvaluationContext:
+    """What an evaluation knows besides its metrics: the judge, the dataset, the suite, what
+    it cost. Shared by :class:`EvaluationResult` (with the rows) and :class:`EvaluationFigures`
+    (without), so both carry the same facts under the same names (keyword-only fields)."""
 
-    What a run's metrics, params, tags, lineage and printed summary are made of. The
-    single-process route derives it from an :class:`EvaluationResult`
-    (:meth:`EvaluationResult.figures`); the Spark route aggregates it from score columns and
-    never holds the rows. One type for both, so both log and print the same things.
-    """
-
-    n_rows: int
-    metrics: list[MetricFigures]
     judge: JudgeInfo
     dataset_digest: str
     timings: dict[str, float] = field(default_factory=dict)
@@ -68,6 +63,24 @@ class EvaluationFigures:
     #: judge-graded metric key -> the judge's calibration run on it, or None (no record); filled
     #: when the evaluation is logged (the tracking store holds the calibrations)
     calibration: dict[str, str | None] = field(default_factory=dict)
+
+    def context(self) -> dict[str, Any]:
+        """The context fields by name (the same dicts, not copies)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EvaluationContext)}
+
+
+@dataclass
+class EvaluationFigures(EvaluationContext):
+    """An evaluation's outcome without its rows: per-metric figures, the judge, the dataset.
+
+    What a run's metrics, params, tags, lineage and printed summary are made of. The
+    single-process route derives it from an :class:`EvaluationResult`
+    (:meth:`EvaluationResult.figures`); the Spark route aggregates it from score columns and
+    never holds the rows. One type for both, so both log and print the same things.
+    """
+
+    n_rows: int
+    metrics: list[MetricFigures]
 
     def summary_text(self) -> str:
         """Per metric: rows scored, failed (the most common error kinds, one example each) and
@@ -113,33 +126,16 @@ class EvaluationFigures:
 
 
 @dataclass
-class EvaluationResult:
+class EvaluationResult(EvaluationContext):
     """Everything an evaluation produced, before any MLflow logging."""
 
     records: list[RagRecord]
     metrics: list[MetricResult]
-    judge: JudgeInfo
-    dataset_digest: str
-    timings: dict[str, float] = field(default_factory=dict)
-    judge_usage: dict[str, Any] = field(default_factory=dict)
-    #: the record fields the data provided (``reference``, ``relevant_ids``, ...)
-    fields: frozenset[str] = frozenset({"answer", "contexts"})
-    #: no metric was named: the suite is everything the data could feed
-    default_suite: bool = False
-    #: metric name -> why the default suite left it out
-    left_out: dict[str, str] = field(default_factory=dict)
-    #: judge-graded metric key -> the judge's calibration run on it, or None (no record); filled
-    #: when the result is logged (the tracking store holds the calibrations)
-    calibration: dict[str, str | None] = field(default_factory=dict)
 
     def figures(self) -> EvaluationFigures:
         """The outcome without the rows (it shares this result's ``calibration`` dict)."""
-        return EvaluationFigures(
-            n_rows=len(self.records), metrics=[m.figures() for m in self.metrics], judge=self.judge,
-            dataset_digest=self.dataset_digest, timings=self.timings, judge_usage=self.judge_usage,
-            fields=self.fields, default_suite=self.default_suite, left_out=self.left_out,
-            calibration=self.calibration,
-        )
+        return EvaluationFigures(n_rows=len(self.records), metrics=[m.figures() for m in self.metrics],
+                                 **self.context())
 
     def summary_text(self) -> str:
         """See :meth:`EvaluationFigures.summary_text`."""
