@@ -194,11 +194,8 @@ def test_scripted_judge_rows_and_aggregates_equal_single_process(spark, rows_200
 def test_local_judge_default_suite_equal_single_process(spark, rows_2000, tracking_uri, tmp_path):
     from mlflow_rag_eval.spark import evaluate_spark
 
-    frame, _ = rows_2000
-    small = frame.iloc[:120].reset_index(drop=True)
-    path = tmp_path / "small.parquet"
-    small.to_parquet(path, index=False)
-    single = evaluate_records(records_from_frame(small), None, "local:minilm-l6", available_fields=FIELDS)
+    frame, path = rows_2000  # every row: the embedding batches of 1,024 rows span Spark's batches
+    single = evaluate_records(records_from_frame(frame), None, "local:minilm-l6", available_fields=FIELDS)
     with mlflow.start_run():
         done = evaluate_spark(path, None, judge="local:minilm-l6", output=str(tmp_path / "scored"),
                               max_table_rows=0)

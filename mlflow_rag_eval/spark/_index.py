@@ -95,20 +95,28 @@ def _checked(df: DataFrame) -> DataFrame:
     return df
 
 
-def spread(df: DataFrame, n_rows: int) -> DataFrame:
-    """``df`` on as many partitions as the session has cores (when it has fewer), each holding
-    whole blocks of the engine's ``BATCH_SIZE`` rows, its rows in index order.
+def spread(df: DataFrame, n_rows: int, *, whole_blocks: bool) -> DataFrame:
+    """``df`` with its rows in index order within each partition, on at least as many
+    partitions as the session has cores (when it has enough blocks of the engine's
+    ``BATCH_SIZE`` rows), each block in one partition when ``whole_blocks``.
 
-    A small file is one partition, which one core would score alone. Blocks are kept whole so
-    that each is scored as the single-process engine scores it (see ``_worker``); rows are
-    sorted within each partition so that a batch's first bad cell is its lowest row, as the
-    driver assumes when it picks the first error of all.
+    - Order: Spark packs small files into a partition largest first, so a partition's rows are
+      not in index order by themselves; the validation relies on it (a batch's first bad cell
+      is its lowest row, and a partition stops at its first) and so does the grouping of rows
+      into blocks.
+    - Cores: a small file is one partition, which one core would score alone.
+    - Whole blocks: a judge's results may depend on which rows share a block (the embedding
+      model embeds a block's texts in one call, and float32 results differ in their last
+      digits with the batch), so with a judge each block is scored as the single-process
+      engine scores it. Without a judge (retrieval metrics) no value depends on it, and no
+      shuffle is paid for it.
     """
     from mlflow_rag_eval.engine import BATCH_SIZE
 
     cores = df.sparkSession.sparkContext.defaultParallelism
     blocks = -(-n_rows // BATCH_SIZE)
-    if df.rdd.getNumPartitions() >= cores or blocks < 2:
-        return df
-    block = F.floor(F.col(ROW) / BATCH_SIZE)
-    return df.repartitionByRange(min(cores, blocks), block).sortWithinPartitions(ROW)
+    partitions = df.rdd.getNumPartitions()
+    if blocks >= 2 and (partitions < cores or whole_blocks):
+        block = F.floor(F.col(ROW) / BATCH_SIZE)
+        df = df.repartitionByRange(min(blocks, max(cores, partitions)), block)
+    return df.sortWithinPartitions(ROW)

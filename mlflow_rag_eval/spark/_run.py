@@ -156,7 +156,7 @@ def evaluate_spark(
     suite = prepare_suite(metrics, judge, available, mapping)
     plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
                 evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields)
-    indexed = spread(indexed, n_rows)
+    indexed = spread(indexed, n_rows, whole_blocks=plan.judge is not None)
     start = time.perf_counter()
     _validate(indexed, plan, suite, columns)
     _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
