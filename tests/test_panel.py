@@ -381,3 +381,16 @@ def test_verify_directly_returns_verdicts_with_votes():
     judge = panel("A", "B", "C")
     (verdicts,) = judge.verify([VerifyItem(["p"], ["x AB.", "y C."])])
     assert [(v.value, v.votes) for v in verdicts] == [(T, (T, T, F)), (F, (F, F, T))]
+
+
+def test_genai_scorers_log_the_same_agreement_and_members(tracking_uri):
+    """The genai route (``mlflow.genai.evaluate`` with our scorers) logs what the evaluator
+    plugin logs for the same rows: the panel's alpha and its members."""
+    from mlflow_rag_eval.integrations.mlflow_scorers import rag_scorers
+
+    judge = panel("A", "B", "C")
+    rows = [{"inputs": {"question": "q?"}, "outputs": {"answer": a, "contexts": ["ctx"]}} for a in ANSWERS]
+    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(["faithfulness"], judge))
+    data = mlflow.MlflowClient().get_run(result.run_id).data
+    assert data.metrics["faithfulness/panel_alpha"] == pytest.approx(1 - 17 * 8 / 144)  # 1/18, as by hand above
+    assert json.loads(data.params["rag_eval.judge.members"]) == [m.info().name for m in judge.members]
