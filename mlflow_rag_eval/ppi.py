@@ -173,18 +173,14 @@ def labels_from_file(run_id: str, metric: str, labels, *, client=None):
         ValueError: no ``label`` column or no key column, a label that is no yes/no or number in
             [0, 1], a label matching no row of the run or several (naming the label's row).
     """
-    from pathlib import Path
-
     import pandas as pd
 
     from mlflow_rag_eval.comparison import load_evaluation
-    from mlflow_rag_eval.gate.calibration import label_value
+    from mlflow_rag_eval.gate.calibration import label_value, read_labels_file
     from mlflow_rag_eval.keys import metric_key, score_column
 
     if not isinstance(labels, pd.DataFrame):
-        path = Path(labels)
-        labels = (pd.read_csv(path) if path.suffix == ".csv"
-                  else pd.read_json(path, lines=path.suffix in (".jsonl", ".ndjson"), dtype=False))
+        labels = read_labels_file(labels)
     table = load_evaluation(run_id, client).table
     column = score_column(metric_key(metric))
     if column not in table:

@@ -48,11 +48,20 @@ from mlflow_rag_eval.text_table import text_table
 
 __all__ = [
     "CalibrationResult", "DEFAULT_EXPERIMENT", "FIGURES", "calibrate", "calibrate_from_run", "label_value",
-    "labels_from_run", "load_labels",
+    "labels_from_run", "load_labels", "read_labels_file",
 ]
 
 DEFAULT_EXPERIMENT = "rag_eval-calibration"
 FIGURES = ("spearman", "kendall_tau", "cohen_kappa", "accuracy", "balanced_accuracy", "auroc")
+
+
+def read_labels_file(path: str | Path) -> pd.DataFrame:
+    """A labels file as it is: CSV by its ``.csv`` suffix, else JSON (JSON lines for ``.jsonl``
+    and ``.ndjson``). Every reader of human labels (calibration, PPI) reads them this way."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    return pd.read_json(path, lines=path.suffix in (".jsonl", ".ndjson"), dtype=False)
 
 
 def load_labels(labels: pd.DataFrame | str | Path) -> pd.DataFrame:
@@ -62,11 +71,7 @@ def load_labels(labels: pd.DataFrame | str | Path) -> pd.DataFrame:
     too), ``label`` (a number in [0, 1]); ``question``, ``reference`` and ``id`` are optional.
     """
     if isinstance(labels, (str, Path)):
-        path = Path(labels)
-        if path.suffix == ".csv":
-            frame = pd.read_csv(path)
-        else:
-            frame = pd.read_json(path, lines=path.suffix in (".jsonl", ".ndjson"), dtype=False)
+        frame = read_labels_file(labels)
     elif isinstance(labels, pd.DataFrame):
         frame = labels.copy()
     else:

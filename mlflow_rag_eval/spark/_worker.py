@@ -113,12 +113,12 @@ def _arrow(frame: pd.DataFrame, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pandas(frame, schema=schema, preserve_index=False)
 
 
-def _records(plan: Plan, batch: pd.DataFrame) -> list[RagRecord]:
+def _records(plan: Plan, batch: pd.DataFrame, *, attach: bool = True) -> list[RagRecord]:
     """The batch's records, with the columns named in ``slice_by`` in their metadata (as the
-    single-process route attaches them)."""
+    single-process route attaches them) unless ``attach`` is false."""
     frame = batch.drop(columns=[ROW]).reset_index(drop=True)
     records = records_from_frame(frame, plan.mapping)
-    return attach_columns(records, frame, plan.slice_by) if plan.slice_by else records
+    return attach_columns(records, frame, plan.slice_by) if plan.slice_by and attach else records
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def validate_batches(plan: Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         facts: list[tuple] = [("batch", None, int(rows[0]), len(batch), None, None, None)]
         if not bad_record:
             try:
-                records = records_from_frame(batch.drop(columns=[ROW]).reset_index(drop=True), plan.mapping)
+                records = _records(plan, batch, attach=False)  # _slice_facts checks the columns
             except RecordError as exc:
                 bad_record = True
                 facts.append(("record_error", None, _global(rows, exc.row), None, exc.column, exc.reason, None))
