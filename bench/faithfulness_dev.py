@@ -63,6 +63,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default=str(DEFAULT))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answer-corruption-weight", type=float, default=2.0,
+                        help="weight of corrupted faithful answers (0: the recipe before they were added)")
     args = parser.parse_args()
     start = time.perf_counter()
     pairs = load_pairs(args.data)
@@ -88,7 +90,8 @@ def main() -> None:
     lodo = []
     for test in sorted(set(groups)):
         train_pairs = [p for p in pairs if p.group != test] + load_pairs(NORTHWIND_PAIRS)
-        model = train_support_model(corpus, train_pairs, seed=args.seed, embedder=embedder)
+        model = train_support_model(corpus, train_pairs, seed=args.seed, embedder=embedder,
+                                    answer_corruption_weight=args.answer_corruption_weight)
         held = groups == test
         support = per_answer(model.predict(X))
         auroc, bacc = figures(support[held], labels[held], model.threshold)

@@ -284,8 +284,11 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
               help="Sentences drawn per passage for synthetic examples.")
 @click.option("--synthetic-weight", type=float, default=0.3, show_default=True,
               help="Weight of a synthetic example against a labelled one.")
+@click.option("--answer-corruption-weight", type=float, default=2.0, show_default=True,
+              help="Weight of a corrupted sentence of an answer labelled 1 (a negative) against a labelled one; "
+                   "0: none.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
-def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, out) -> None:
+def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight, out) -> None:
     """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
 
     Exit code 2: no corpus or labels, or no training example in them.
@@ -299,14 +302,15 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, out)
         passages = [p for c in corpora for p in load_corpus(c)]
         pairs = [p for f in labels for p in load_pairs(f)]
         model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
-                                    synthetic_weight=synthetic_weight)
+                                    synthetic_weight=synthetic_weight,
+                                    answer_corruption_weight=answer_corruption_weight)
     except (ValueError, UnicodeDecodeError) as exc:
         click.echo(f"cannot train: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
     Path(out).write_text(model.to_json())
     t = model.training
     click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
-               f"{t['n_pairs']} labelled pairs; threshold {model.threshold:.3f}; judge name local:{out}")
+               f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; threshold {model.threshold:.3f}; judge name local:{out}")
 
 
 @main.command("testset")

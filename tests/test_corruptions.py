@@ -4,7 +4,7 @@ import random
 
 from mlflow_rag_eval.judges.corruptions import (
     CORRUPTIONS, clause_deletion, date_change, entity_swap, negation, number_change, other_passage, role_swap,
-    synthetic_examples,
+    answer_corruptions, synthetic_examples,
 )
 
 SENTENCE = "In 2019 Northwind Rail bought 12 trains from Alstom for the Hull line."
@@ -83,3 +83,23 @@ def test_synthetic_examples_are_labelled_deterministic_and_never_unchanged():
         if e.label == 0:
             assert e.claim not in originals or e.kind == "other_passage"
             assert e.claim not in e.passage  # a corrupted claim is never the passage's own text
+
+
+def test_answer_corruptions_change_one_fact_of_a_faithful_answer_against_its_own_context():
+    context = ("Northwind Rail ordered 12 trains from Alstom in March. Siemens had offered a cheaper bid. "
+               "The trains run between Hull and Leeds.")
+    answer = "In March, Northwind Rail has bought 12 trains from Alstom."  # a paraphrase, not a copy
+    out = answer_corruptions([(answer, context)], seed=0)
+    assert out == answer_corruptions([(answer, context)], seed=0)
+    by_kind = {e.kind: e for e in out}
+    assert set(by_kind) == {"entity_swap", "number_change", "date_change", "negation", "role_swap"}
+    assert all(e.label == 0 and e.passage == context and e.claim != answer for e in out)
+    swapped = by_kind["entity_swap"].claim  # a name of the context the answer does not use
+    assert any(swapped == answer.replace(old, new) for old in ("Northwind Rail", "Alstom", "March")
+               for new in ("Siemens", "Hull", "Leeds"))
+    assert by_kind["date_change"].claim.startswith("In ") and "March" not in by_kind["date_change"].claim
+    assert "12" not in by_kind["number_change"].claim
+    assert by_kind["negation"].claim == "In March, Northwind Rail has not bought 12 trains from Alstom."
+    assert by_kind["role_swap"].claim == "In March, Alstom has bought 12 trains from Northwind Rail."
+    # a sentence no corruption applies to yields nothing (never an unchanged claim labelled 0)
+    assert answer_corruptions([("the weather turned fine", context)]) == []

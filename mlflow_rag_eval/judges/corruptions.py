@@ -30,7 +30,7 @@ from mlflow_rag_eval.text import split_sentences
 
 __all__ = [
     "SupportExample", "clause_deletion", "date_change", "entity_swap", "negation", "number_change",
-    "other_passage", "role_swap", "synthetic_examples", "CORRUPTIONS",
+    "other_passage", "role_swap", "synthetic_examples", "answer_corruptions", "CORRUPTIONS",
 ]
 
 _AUX = re.compile(
@@ -171,4 +171,26 @@ def synthetic_examples(passages: Iterable[str], *, seed: int = 0, per_passage: i
                 claim = corrupt(sentence, rng, **extra)
                 if claim and claim != sentence:
                     out.append(SupportExample(claim, passage, 0, kind))
+    return out
+
+
+def answer_corruptions(answers: Iterable[tuple[str, str]], *, seed: int = 0) -> list[SupportExample]:
+    """Unsupported claims made from claims a person judged supported: each (claim, context) pair
+    yields one example of every corruption that applies to the claim (names for swaps from its
+    own context; no ``other_passage``), labelled 0 against that context.
+
+    Corrupted passage sentences differ from their context by one edit of a sentence the context
+    holds verbatim; a faithful answer is a paraphrase, and its corruption keeps that distance
+    from the context while changing one fact (the shape of SummEdits' inconsistent summaries).
+    """
+    rng = random.Random(seed)
+    out: list[SupportExample] = []
+    for claim, context in answers:
+        names = sorted(set(_names(context)))
+        for kind, corrupt in CORRUPTIONS.items():
+            if kind == "other_passage":
+                continue
+            changed = corrupt(claim, rng, names) if kind == "entity_swap" else corrupt(claim, rng)
+            if changed and changed != claim:
+                out.append(SupportExample(changed, context, 0, kind))
     return out

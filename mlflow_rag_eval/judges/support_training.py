@@ -21,13 +21,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mlflow_rag_eval.judges.corruptions import synthetic_examples
+from mlflow_rag_eval.judges.corruptions import answer_corruptions, synthetic_examples
 from mlflow_rag_eval.judges.embedding import Embedder
 from mlflow_rag_eval.judges.support_model import FEATURES, Premise, SupportModel, claim_features
 from mlflow_rag_eval.text import content_tokens, split_sentences, strip_citations
@@ -151,9 +152,10 @@ def _digest(items: Iterable[str]) -> str:
 
 def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (), *, seed: int = 0,
                         per_passage: int = 4, synthetic_weight: float = 0.3, C: float = 1.0,
-                        embedder: Embedder | None = None) -> SupportModel:
+                        answer_corruption_weight: float = 2.0, embedder: Embedder | None = None) -> SupportModel:
     """Train a support model on synthetic examples from ``corpus`` and the labelled ``pairs``
-    (the labelled pairs' contexts join the corpus for synthetic examples)."""
+    (the labelled pairs' contexts join the corpus for synthetic examples; the sentences of
+    answers labelled 1, corrupted, are negatives weighted ``answer_corruption_weight``)."""
     featurize_ = Featurizer(embedder or Embedder())
     passages = list(dict.fromkeys([*corpus, *(p.context for p in pairs)]))
     synthetic = synthetic_examples(passages, seed=seed, per_passage=per_passage)
@@ -161,15 +163,19 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         raise ValueError("no training examples: the corpus has no sentence of six words or more, and no labelled pairs")
     Xs = featurize_([(e.claim, [e.passage]) for e in synthetic])
     ys = np.array([e.label for e in synthetic], dtype=int)
+    corrupted = answer_corruptions(((c, p.context) for p in pairs if p.label == 1 for c in answer_claims(p.answer)),
+                                   seed=seed) if answer_corruption_weight > 0 else []
+    Xa = featurize_([(e.claim, [e.passage]) for e in corrupted])
     owner = np.array([i for i, p in enumerate(pairs) for _ in answer_claims(p.answer)], dtype=int)
     Xp = featurize_([(c, [p.context]) for p in pairs for c in answer_claims(p.answer)])
     yp = np.array([pairs[i].label for i in owner], dtype=int)
     keep = np.ones(len(owner), dtype=bool)
     rounds = 2 if len(pairs) else 1
     for round_ in range(rounds):
-        X = np.vstack([Xs, Xp[keep]]) if len(Xp) else Xs
-        y = np.concatenate([ys, yp[keep]])
-        w = np.concatenate([np.full(len(ys), synthetic_weight), np.ones(int(keep.sum()))])
+        X = np.vstack([Xs, Xa, Xp[keep]])
+        y = np.concatenate([ys, np.zeros(len(Xa), dtype=int), yp[keep]])
+        w = np.concatenate([np.full(len(ys), synthetic_weight), np.full(len(Xa), answer_corruption_weight),
+                            np.ones(int(keep.sum()))])
         scaler, model = _fit(X, y, w, C)
         if round_ + 1 < rounds:  # a 0-labelled answer: only its least-supported sentence is a negative
             p = model.predict_proba(scaler.transform(Xp))[:, 1]
@@ -195,6 +201,8 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         "seed": seed, "per_passage": per_passage, "synthetic_weight": synthetic_weight, "C": C,
         "n_passages": len(passages), "corpus_digest": _digest(passages),
         "n_synthetic": len(synthetic), "synthetic_kinds": dict(sorted(kinds.items())),
+        "n_answer_corruptions": len(corrupted), "answer_corruption_weight": answer_corruption_weight,
+        "answer_corruption_kinds": dict(sorted(Counter(e.kind for e in corrupted).items())),
         "n_pairs": len(pairs), "pairs_digest": _digest(f"{p.label}\x01{p.context}\x01{p.answer}" for p in pairs),
         "threshold_rule": "max balanced accuracy on the training " + ("pairs" if len(pairs) else "claims"),
     }
