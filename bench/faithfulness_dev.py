@@ -1,13 +1,14 @@
 """The local judge's faithfulness against human labels (shared/data/faithfulness_dev), leave one
 domain out.
 
-    .venv/bin/python bench/faithfulness_dev.py [--data .../summedits_dev.jsonl] [--seed 0]
+    .venv/bin/python bench/faithfulness_dev.py [--data .../summedits_dev.jsonl] [--seed 0] [--answer-corruption-weight 2]
 
 For each domain of the data (``source``: summedits/news, summedits/podcast), a support model is
 trained with :func:`train_support_model` on the *other* domain only — its labelled pairs, the
-Northwind reference pairs (``training_data/northwind_pairs.jsonl``), and synthetic corruptions
-of their documents and of the Northwind example corpus — and scored on the held-out domain: the
-shipped model's recipe with one domain left out. An answer's score is its least-supported sentence's support probability (the
+Northwind reference pairs (``training_data/northwind_pairs.jsonl``), synthetic corruptions
+of their documents and of the Northwind example corpus, and corrupted sentences of its faithful
+answers (``--answer-corruption-weight``; 0 leaves them out) — and scored on the held-out domain:
+the shipped model's recipe with one domain left out. An answer's score is its least-supported sentence's support probability (the
 row's ``support`` confidence); its decision is that score against the model's own threshold
 (chosen on the training domain). Printed beside it, on the same rows: the rules the local judge
 used before (``local-rules-v2``: 0.5 cosine + 0.5 content-word coverage, halved when a number
