@@ -438,7 +438,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
 
     from mlflow_rag_eval.engine import evaluate_records
-    from mlflow_rag_eval.integrations.mlflow_logging import announce, log_evaluation
+    from mlflow_rag_eval.integrations.mlflow_logging import announce, log_dataset_input, log_evaluation
     from mlflow_rag_eval.records import ColumnMapping, records_from_frame
     from mlflow_rag_eval.results import ErrorRateExceeded
     from mlflow_rag_eval.slices import attach_columns, check_frame, check_slice_by, slice_members
@@ -461,6 +461,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     _use_store(tracking_uri, experiment)
     with mlflow.start_run(run_name=run_name) as run:
         log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields)
+        log_dataset_input(run.info.run_id, str(Path(data_path).resolve()), result.dataset_digest)
     try:
         announce(result, max_error_rate=max_error_rate)
     except ErrorRateExceeded as exc:

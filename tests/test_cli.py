@@ -4,6 +4,8 @@ caller can take for a verdict (0 passed, 1 refused, 2 unusable input)."""
 
 from __future__ import annotations
 
+import json
+
 import mlflow
 import pandas as pd
 import pytest
@@ -149,6 +151,12 @@ def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suf
     assert metrics["hit_at_5/slice/difficulty/easy/mean"] == 1.0
     assert metrics["hit_at_5/slice/difficulty/hard/mean"] == 0.0
     assert len(mlflow.MlflowClient().search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)) == 4
+    # the Evaluation runs page names the dataset: the file, by reference, with the rows' digest
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "rows"
+    assert dataset_input.dataset.digest == run.data.params["rag_eval.dataset_digest"]
+    assert json.loads(dataset_input.dataset.source) == {"uri": str(path.resolve())}
+    assert dataset_input.dataset.source_type == "local"
 
 
 def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tmp_path):
@@ -162,3 +170,18 @@ def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tm
     assert mlflow.search_runs().empty
     bad = runner.invoke(main, ["evaluate", "--data", str(path), "--col", "question"])
     assert bad.exit_code == 2 and "FIELD=COLUMN" in bad.output
+
+
+def test_a_dataset_input_names_s3a_data_as_its_s3_object_and_never_fails_the_run(tracking_uri, caplog):
+    from mlflow_rag_eval.integrations.mlflow_logging import log_dataset_input
+
+    client = mlflow.MlflowClient()
+    with mlflow.start_run() as run:
+        log_dataset_input(run.info.run_id, "s3a://bucket/evals/rows.parquet/", "abc123")
+    (logged,) = client.get_run(run.info.run_id).inputs.dataset_inputs
+    assert (logged.dataset.name, logged.dataset.digest, logged.dataset.source_type) == ("rows", "abc123", "s3")
+    assert json.loads(logged.dataset.source) == {"uri": "s3://bucket/evals/rows.parquet"}
+    with mlflow.start_run() as run, caplog.at_level("WARNING"):
+        log_dataset_input(run.info.run_id, "gopher://host/rows", "abc123")
+    assert client.get_run(run.info.run_id).inputs.dataset_inputs == []
+    assert "no MLflow dataset input for gopher://host/rows" in caplog.text

@@ -546,6 +546,11 @@ def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, r
     assert "hit_at_5/slice/difficulty/hard/mean" in runs[1].data.metrics
     assert runs[1].data.metrics == pytest.approx(runs[0].data.metrics, rel=0, abs=1e-12)
     assert spark.sparkContext._jsc is not None  # the caller's session is left running
+    # both name the folder as their dataset input, with the same digest
+    (one,), (other,) = (r.inputs.dataset_inputs for r in runs)
+    assert (one.dataset.name, one.dataset.digest, one.dataset.source) == \
+        (other.dataset.name, other.dataset.digest, other.dataset.source)
+    assert one.dataset.name == "rows" and one.dataset.digest == runs[1].data.params["rag_eval.dataset_digest"]
 
     frame.loc[250, "question"] = "  "
     bad = write_parts(frame, tmp_path / "bad", [300])

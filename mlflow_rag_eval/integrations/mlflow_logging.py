@@ -46,8 +46,10 @@ import json
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import PurePosixPath
 from typing import Any
 
 from mlflow import MlflowClient
@@ -65,7 +67,7 @@ from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, 
 
 __all__ = [
     "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "SLICES_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
-    "assert_run_is_fresh", "lineage", "log_evaluation", "log_run_contents", "log_run_level",
+    "assert_run_is_fresh", "lineage", "log_dataset_input", "log_evaluation", "log_run_contents", "log_run_level",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -189,6 +191,39 @@ def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: fl
                 f"{max_error_rate:g} allows: "
                 + ", ".join(f"{m.name} {m.error_rate:.1%} ({m.failures()[0][0]} first)" for m in over)
             )
+
+
+def log_dataset_input(run_id: str, uri: str, digest: str, client: MlflowClient | None = None) -> None:
+    """Name the rows a run evaluated as its MLflow dataset input, by reference: a
+    ``MetaDataset`` with the file's or folder's URI as source, its name as the dataset's name and
+    the run's ``rag_eval.dataset_digest`` as digest (nothing is copied). ``mlflow.evaluate``
+    logs its data so on the evaluator-plugin route; the routes that read rows from a path (the
+    CLI's ``evaluate --data``, with or without ``--spark``) log this, so the Evaluation runs
+    page names the dataset whichever route made the run.
+
+    ``s3a://``/``s3n://`` (Hadoop's names for S3) are recorded as the same object's ``s3://``
+    source; a URI MLflow has no source type for is logged without a dataset (a warning says
+    so): the run itself is never failed for it.
+    """
+    from urllib.parse import urlparse
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput
+    from mlflow.exceptions import MlflowException
+
+    uri = uri.rstrip("/")
+    parsed = urlparse(uri)
+    try:
+        with warnings.catch_warnings():  # MLflow warns that two source types claim a local path
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source("s3://" + uri.split("://", 1)[1] if parsed.scheme in ("s3a", "s3n") else uri)
+    except MlflowException as exc:
+        _logger.warning("run %s: no MLflow dataset input for %s (%s)", run_id, uri, exc)
+        return
+    name = PurePosixPath(parsed.path).stem or uri
+    dataset = MetaDataset(source=source, name=name, digest=digest)
+    (client or MlflowClient()).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity())])
 
 
 def log_evaluation(

@@ -37,6 +37,7 @@ from mlflow_rag_eval.integrations.mlflow_logging import (
     WORST_ROWS_FILE,
     announce,
     assert_run_is_fresh,
+    log_dataset_input,
     log_evaluation,
     log_run_level,
 )
@@ -176,13 +177,21 @@ def evaluate_spark(
     context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
                    fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
 
-    if run_id is None:
-        with mlflow.start_run(run_name=run_name) as run:
-            done = _log(out, indexed, plan, n_rows, context, output, run.info.run_id, client,
-                        max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
-    else:
+    source = None if isinstance(data, DataFrame) else os.fspath(data)  # a path: the run's dataset input
+
+    def log_into(run_id: str) -> SparkEvaluation:
         done = _log(out, indexed, plan, n_rows, context, output, run_id, client,
                     max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+        if source is not None:
+            log_dataset_input(run_id, source if "://" in source else os.path.abspath(source),
+                              done.figures.dataset_digest, client)
+        return done
+
+    if run_id is None:
+        with mlflow.start_run(run_name=run_name) as run:
+            done = log_into(run.info.run_id)
+    else:
+        done = log_into(run_id)
     announce(done.figures, max_error_rate=max_error_rate)
     return done
 
