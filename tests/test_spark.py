@@ -172,6 +172,10 @@ def test_another_seed_gives_the_single_process_ci_of_that_seed(spark, rows_2000,
     assert_aggregates_equal(done.metrics, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
     seed_0 = evaluate_records(records, ["mrr"], available_fields=FIELDS).aggregates()
     assert done.metrics["mrr/ci_low"] != seed_0["mrr/ci_low"]  # the seed was used, not the default
+    # a DataFrame has no path to name: its dataset input is MLflow's code source, with the digest
+    (logged,) = MlflowClient().get_run(done.run_id).inputs.dataset_inputs
+    assert (logged.dataset.name, logged.dataset.source_type) == ("dataset", "code")
+    assert logged.dataset.digest == done.figures.dataset_digest == dataset_digest(records)
 
 
 def test_scripted_judge_rows_and_aggregates_equal_single_process(spark, rows_2000, tracking_uri, tmp_path):
@@ -290,6 +294,9 @@ def test_run_holds_what_a_single_process_run_holds(spark, rows_2000, tracking_ur
     for key, value in single_metrics.items():
         assert spark_metrics[key] == pytest.approx(value, rel=0, abs=1e-12), key
     assert spark_params == single_params  # judge identity, metrics, dataset digest
+    (logged,) = MlflowClient().get_run(spark_run.info.run_id).inputs.dataset_inputs  # the file, by reference
+    assert (logged.dataset.name, json.loads(logged.dataset.source)) == ("small", {"uri": str(path)})
+    assert logged.dataset.digest == single_params["rag_eval.dataset_digest"]
     # the Spark run says where its rows are; without the table it does not announce one
     expected_tags = single_tags | {ROWS_PATH_TAG}
     assert spark_tags == (expected_tags if rows_logged else expected_tags - {"mlflow.loggedArtifacts"})

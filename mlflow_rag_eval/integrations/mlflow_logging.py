@@ -193,35 +193,43 @@ def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: fl
             )
 
 
-def log_dataset_input(run_id: str, uri: str, digest: str, client: MlflowClient | None = None) -> None:
+def log_dataset_input(run_id: str, uri: str | None, digest: str, client: MlflowClient | None = None) -> None:
     """Name the rows a run evaluated as its MLflow dataset input, by reference: a
     ``MetaDataset`` with the file's or folder's URI as source, its name as the dataset's name and
     the run's ``rag_eval.dataset_digest`` as digest (nothing is copied). ``mlflow.evaluate``
     logs its data so on the evaluator-plugin route; the routes that read rows from a path (the
-    CLI's ``evaluate --data``, with or without ``--spark``) log this, so the Evaluation runs
-    page names the dataset whichever route made the run.
+    CLI's ``evaluate --data``, with or without ``--spark``) or take a Spark DataFrame log this,
+    so the Evaluation runs page names the dataset whichever route made the run.
 
+    ``uri`` None (a DataFrame built in code) gives a code source with MLflow's context tags and
+    the name ``dataset``, as ``mlflow.data.from_spark`` does for a DataFrame without a path.
     ``s3a://``/``s3n://`` (Hadoop's names for S3) are recorded as the same object's ``s3://``
     source; a URI MLflow has no source type for is logged without a dataset (a warning says
     so): the run itself is never failed for it.
     """
     from urllib.parse import urlparse
 
+    from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput
     from mlflow.exceptions import MlflowException
+    from mlflow.tracking.context import registry
 
-    uri = uri.rstrip("/")
-    parsed = urlparse(uri)
-    try:
-        with warnings.catch_warnings():  # MLflow warns that two source types claim a local path
-            warnings.simplefilter("ignore", UserWarning)
-            source = resolve_dataset_source("s3://" + uri.split("://", 1)[1] if parsed.scheme in ("s3a", "s3n") else uri)
-    except MlflowException as exc:
-        _logger.warning("run %s: no MLflow dataset input for %s (%s)", run_id, uri, exc)
-        return
-    name = PurePosixPath(parsed.path).stem or uri
+    if uri is None:
+        source, name = CodeDatasetSource(tags=registry.resolve_tags()), "dataset"
+    else:
+        uri = uri.rstrip("/")
+        parsed = urlparse(uri)
+        try:
+            with warnings.catch_warnings():  # MLflow warns that two source types claim a local path
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(
+                    "s3://" + uri.split("://", 1)[1] if parsed.scheme in ("s3a", "s3n") else uri)
+        except MlflowException as exc:
+            _logger.warning("run %s: no MLflow dataset input for %s (%s)", run_id, uri, exc)
+            return
+        name = PurePosixPath(parsed.path).stem or uri
     dataset = MetaDataset(source=source, name=name, digest=digest)
     (client or MlflowClient()).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity())])
 

@@ -177,14 +177,14 @@ def evaluate_spark(
     context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
                    fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
 
-    source = None if isinstance(data, DataFrame) else os.fspath(data)  # a path: the run's dataset input
+    source = None if isinstance(data, DataFrame) else os.fspath(data)  # the run's dataset input
+    if source is not None and "://" not in source:
+        source = os.path.abspath(source)
 
     def log_into(run_id: str) -> SparkEvaluation:
         done = _log(out, indexed, plan, n_rows, context, output, run_id, client,
                     max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
-        if source is not None:
-            log_dataset_input(run_id, source if "://" in source else os.path.abspath(source),
-                              done.figures.dataset_digest, client)
+        log_dataset_input(run_id, source, done.figures.dataset_digest, client)
         return done
 
     if run_id is None:
