@@ -1,8 +1,11 @@
 """Training the local judge's support model (``mlflow-rag-eval train-local-judge``).
 
-Examples come from two places: synthetic claims made from a passage collection by
-:func:`mlflow_rag_eval.judges.corruptions.synthetic_examples` (claim-level labels), and, when
-given, human-labelled (context, answer, label) pairs such as ``shared/data/faithfulness_dev``.
+Examples come from three places: synthetic claims made from a passage collection by
+:func:`mlflow_rag_eval.judges.corruptions.synthetic_examples` (claim-level labels); when
+given, human-labelled (context, answer, label) pairs such as ``shared/data/faithfulness_dev``;
+and the sentences of the answers labelled 1, corrupted by
+:func:`mlflow_rag_eval.judges.corruptions.answer_corruptions` (negatives that paraphrase their
+context as a real answer does, with one fact changed).
 A labelled answer of several sentences is labelled as a whole: its sentences all count as
 supported when the label is 1; when it is 0, only its least-supported sentence (under a first
 model) counts as unsupported — the others may well be fine (multiple-instance labelling, one
