@@ -310,7 +310,8 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
     Path(out).write_text(model.to_json())
     t = model.training
     click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
-               f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; threshold {model.threshold:.3f}; judge name local:{out}")
+               f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; "
+               f"threshold {model.threshold:.3f}; judge name local:{out}")
 
 
 @main.command("testset")
