@@ -29,11 +29,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
-from mlflow_rag_eval.gate.calibration import agreement  # noqa: E402
-from mlflow_rag_eval.judges.embedding import Embedder  # noqa: E402
-from mlflow_rag_eval.judges.support_model import FEATURES, load_support_model  # noqa: E402
-from mlflow_rag_eval.judges.support_training import (  # noqa: E402
-    Featurizer, answer_claims, load_pairs, train_support_model,
+from mlflow_rag_eval.calibration.calibrate import agreement  # noqa: E402
+from mlflow_rag_eval.judges.local_model.embedding import Embedder  # noqa: E402
+from mlflow_rag_eval.judges.local_model.support_model import FEATURES, load_support_model  # noqa: E402
+from mlflow_rag_eval.judges.local_model.training import (  # noqa: E402
+    Featurizer,
+    answer_claims,
+    load_pairs,
+    train_support_model,
 )
 
 DEFAULT = ROOT.parent / "shared" / "data" / "faithfulness_dev" / "summedits_dev.jsonl"

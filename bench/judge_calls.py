@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
-from mlflow_rag_eval.engine import evaluate_records  # noqa: E402
+from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
 from mlflow_rag_eval.judges import get_judge  # noqa: E402
 from mlflow_rag_eval.judges.cache import JudgeCache  # noqa: E402
 from mlflow_rag_eval.records import records_from_frame  # noqa: E402

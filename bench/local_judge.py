@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
 import pandas as pd  # noqa: E402
 
-from mlflow_rag_eval.engine import evaluate_records  # noqa: E402
-from mlflow_rag_eval.judges.local import LocalJudge  # noqa: E402
+from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
+from mlflow_rag_eval.judges.providers.local import LocalJudge  # noqa: E402
 from mlflow_rag_eval.records import records_from_frame  # noqa: E402
 
 SUITE = [

@@ -75,13 +75,14 @@ import requests  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.tracing.client import TracingClient  # noqa: E402
 
-from mlflow_rag_eval.engine import EvaluationResult, evaluate_records  # noqa: E402
-from mlflow_rag_eval.integrations import mlflow_logging  # noqa: E402
-from mlflow_rag_eval.integrations.mlflow_logging import lineage, log_evaluation  # noqa: E402
+from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
+from mlflow_rag_eval.evaluation.result import EvaluationResult  # noqa: E402
 from mlflow_rag_eval.judges import JudgeInfo  # noqa: E402
 from mlflow_rag_eval.records import Context, RagRecord  # noqa: E402
 from mlflow_rag_eval.results import MetricResult, RowResult  # noqa: E402
 from mlflow_rag_eval.testing import mlflow_server  # noqa: E402
+from mlflow_rag_eval.tracking import run_logging as mlflow_logging  # noqa: E402
+from mlflow_rag_eval.tracking.run_logging import lineage, log_evaluation  # noqa: E402
 
 RETRIEVAL_METRICS = ["hit@5", "precision@5", "recall@5", "mrr", "map", "ndcg@10"]
 TARGET_RATIO = 0.5
@@ -318,7 +319,7 @@ def time_mlflow_genai(result: EvaluationResult, experiment_id: str, workers: int
 
 def breakdown(result: EvaluationResult) -> dict[str, float]:
     """The in-process parts of logging, each timed alone on a fresh copy of the result."""
-    from mlflow_rag_eval.integrations.mlflow_traces import _row_assessments, _row_trace
+    from mlflow_rag_eval.tracking.traces import _row_assessments, _row_trace
 
     copy = fresh(result)
     out = {}

@@ -35,7 +35,7 @@ import pandas as pd  # noqa: E402
 
 
 def _runs(rng, n_rows: int, n_metrics: int):
-    from mlflow_rag_eval.comparison import EvaluatedRun
+    from mlflow_rag_eval.compare import EvaluatedRun
 
     difficulty = rng.uniform(0, 1, n_rows)
     truth = np.clip(0.5 * difficulty[:, None] + 0.5 * rng.uniform(0, 1, (n_rows, n_metrics)), 0, 1)
@@ -68,7 +68,7 @@ def main() -> None:
                         help="max_regression of every metric (0: any significant drop refuses)")
     args = parser.parse_args()
 
-    from mlflow_rag_eval.comparison import compare_evaluations
+    from mlflow_rag_eval.compare import compare_evaluations
     from mlflow_rag_eval.gate.checks import regression_check, regression_p_values
     from mlflow_rag_eval.gate.policy import load_policy
 

@@ -2,7 +2,7 @@
 own interval does not, and is it narrower than the human-only one?
 
 Why: a judge's mean is biased by the judge; a gate deciding on it decides on the judge's
-taste. Prediction-powered inference (:mod:`mlflow_rag_eval.ppi`) corrects the bias with a few
+taste. Prediction-powered inference (:mod:`mlflow_rag_eval.stats.ppi`) corrects the bias with a few
 human labels. Target: >= 93% coverage of the truth at 95% over 1,000 seeds, narrower than the
 human-only interval.
 
@@ -47,7 +47,7 @@ def simulate(seed: int, rows: int, labels: int, bias: float, noise: float):
 def intervals(y, f, u, confidence: float = 0.95) -> dict[str, tuple[float, float]]:
     from scipy.stats import norm
 
-    from mlflow_rag_eval.ppi import ppi_mean
+    from mlflow_rag_eval.stats.ppi import ppi_mean
 
     z = norm.ppf(1 - (1 - confidence) / 2)
     everyone = np.concatenate([f, u])

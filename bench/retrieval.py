@@ -1,6 +1,6 @@
 """Benchmark the retrieval metric kernels against ranx.
 
-Why: ``mlflow_rag_eval.metrics.retrieval`` promises to be fast enough to score
+Why: ``mlflow_rag_eval.metrics.ranking`` promises to be fast enough to score
 100,000 queries interactively without numba. This script checks that claim
 against ranx (numba-compiled, parallel) on identical data, and that both give
 the same mean scores.
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mlflow_rag_eval.metrics.retrieval import (  # noqa: E402
+from mlflow_rag_eval.metrics.ranking import (  # noqa: E402
     RankedRelevance,
     average_precision,
     hit_rate,

@@ -76,7 +76,7 @@ def _child(route: str, kind: str, folder: str) -> None:
     if route == "engine":
         import pandas as pd
 
-        from mlflow_rag_eval.engine import evaluate_records
+        from mlflow_rag_eval.evaluation.engine import evaluate_records
         from mlflow_rag_eval.judges import get_judge
         from mlflow_rag_eval.records import records_from_frame
 

@@ -88,7 +88,7 @@ def _cell(value) -> str:
 
 def print_comparison(runs: dict[str, tuple[str, dict[str, float]]]) -> None:
     """The overall metrics of both runs, then per slice (from each run's rag_eval/slices.json)."""
-    from mlflow_rag_eval.slices import load_slices
+    from mlflow_rag_eval.evaluation.slices import load_slices
 
     (name_a, (run_a, ma)), (name_b, (run_b, mb)) = runs.items()
     header = f"{'metric':<26}{name_a:>12}{name_b:>14}{'delta':>10}"

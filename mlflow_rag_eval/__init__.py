@@ -37,16 +37,16 @@ _WHERE = {
     "ColumnMapping": "mlflow_rag_eval.records",
     "RagRecord": "mlflow_rag_eval.records",
     "records_from_frame": "mlflow_rag_eval.records",
-    "evaluate_records": "mlflow_rag_eval.engine",
+    "evaluate_records": "mlflow_rag_eval.evaluation.engine",
     "evaluate_spark": "mlflow_rag_eval.spark",  # imports pyspark, on first use only
     "get_judge": "mlflow_rag_eval.judges",
     "register_judge_provider": "mlflow_rag_eval.judges",
-    "rag_metrics": "mlflow_rag_eval.integrations.mlflow_metrics",
-    "rag_scorers": "mlflow_rag_eval.integrations.mlflow_scorers",
+    "rag_metrics": "mlflow_rag_eval.routes.extra_metrics",
+    "rag_scorers": "mlflow_rag_eval.routes.scorers",
     "register_metric": "mlflow_rag_eval.metrics",
     "rubric": "mlflow_rag_eval.metrics",
-    "compare_runs": "mlflow_rag_eval.comparison",
-    "compute_slices": "mlflow_rag_eval.slices",
+    "compare_runs": "mlflow_rag_eval.compare",
+    "compute_slices": "mlflow_rag_eval.evaluation.slices",
 }
 
 

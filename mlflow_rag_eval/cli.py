@@ -166,7 +166,7 @@ def compare(run_a, run_b, allow_judge_change, allow_dataset_change, log_to, no_l
     """
     import mlflow
 
-    from mlflow_rag_eval.comparison import NotComparable, compare_runs
+    from mlflow_rag_eval.compare import NotComparable, compare_runs
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
@@ -293,7 +293,7 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
 
     Exit code 2: no corpus or labels, or no training example in them.
     """
-    from mlflow_rag_eval.judges.support_training import load_corpus, load_pairs, train_support_model
+    from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
 
     if not corpora and not labels:
         click.echo("cannot train: give --corpus and/or --labels", err=True)
@@ -438,11 +438,11 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     if output is not None:
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
 
-    from mlflow_rag_eval.engine import evaluate_records
-    from mlflow_rag_eval.integrations.mlflow_logging import announce, log_dataset_input, log_evaluation
+    from mlflow_rag_eval.evaluation.engine import evaluate_records
+    from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
     from mlflow_rag_eval.records import ColumnMapping, records_from_frame
     from mlflow_rag_eval.results import ErrorRateExceeded
-    from mlflow_rag_eval.slices import attach_columns, check_frame, check_slice_by, slice_members
+    from mlflow_rag_eval.tracking.run_logging import announce, log_dataset_input, log_evaluation
 
     try:
         mapping = ColumnMapping.from_config(_column_mapping(columns))
@@ -530,7 +530,7 @@ def ppi_command(run_id, metric, label_name, labels_path, confidence, no_log, tra
     """
     import mlflow
 
-    from mlflow_rag_eval.ppi import ppi_from_run
+    from mlflow_rag_eval.calibration.ppi import ppi_from_run
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)

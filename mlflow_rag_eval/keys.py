@@ -15,7 +15,7 @@ Three spellings of a metric, and where each is used:
 An *aggregate key* names one statistic of one metric: ``<key>/<stat>`` (``faithfulness/p10``).
 
 A *slice key* names one statistic of one metric on the rows of one slice
-(:mod:`mlflow_rag_eval.slices`): ``<key>/slice/<field>/<value>/<stat>``
+(:mod:`mlflow_rag_eval.evaluation.slices`): ``<key>/slice/<field>/<value>/<stat>``
 (``faithfulness/slice/difficulty/hard/mean``). The metric's own keys stay a prefix of it, so the
 MLflow UI files a metric's slices beside it, and the statistic stays after the last ``/``, as in
 every aggregate key. Field names and values are user data, made *segments* by
@@ -53,10 +53,10 @@ __all__ = [
 #: the per-run statistics of a metric that are logged as ``<key>/<stat>`` and that a gate
 #: policy's floors and ceilings may name
 AGGREGATES = ("mean", "median", "p10", "ci_low", "ci_high")
-#: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.ppi`), logged as ``<key>/<stat>``
+#: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.stats.ppi`), logged as ``<key>/<stat>``
 #: once humans labelled some of a run's rows; floors may name these too
 PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
-#: a judge panel's inter-judge agreement on a metric (:mod:`mlflow_rag_eval.agreement`):
+#: a judge panel's inter-judge agreement on a metric (:mod:`mlflow_rag_eval.stats.agreement`):
 #: Krippendorff's alpha and its bootstrap CI, logged as ``<key>/<stat>`` when a panel judged it.
 #: They describe the judge, not the pipeline: gate floors do not name them
 PANEL_STATS = ("panel_alpha", "panel_alpha_ci_low", "panel_alpha_ci_high")

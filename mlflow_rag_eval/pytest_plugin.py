@@ -52,9 +52,7 @@ def pytest_addoption(parser) -> None:
 @pytest.fixture
 def rag_gate_policy(request):
     """The gate policy named by ``--rag-gate-policy`` or the ``rag_gate_policy`` ini value."""
-    from mlflow_rag_eval.gate import load_policy
-
-    from mlflow_rag_eval.gate import PolicyError
+    from mlflow_rag_eval.gate import PolicyError, load_policy
 
     path = request.config.getoption("--rag-gate-policy") or request.config.getini("rag_gate_policy")
     if not path:
@@ -126,7 +124,7 @@ def assert_metrics_meet(run_id_or_metrics: Any, policy, *, client=None) -> None:
     policy = load_policy(policy)
     checks = metric_checks(_metrics_of(run_id_or_metrics, client), policy)
     if policy.slice_floors or policy.slice_ceilings:
-        from mlflow_rag_eval.slices import load_slices
+        from mlflow_rag_eval.evaluation.slices import load_slices
 
         slices = load_slices(run_id_or_metrics, client) if isinstance(run_id_or_metrics, str) else None
         checks += slice_checks(slices, policy)

@@ -185,7 +185,7 @@ class MetricFigures:
     failure_counts: tuple[tuple[str, int, str], ...] = ()
     #: ``(reason, rows)`` per reason a row was not applicable, the most frequent first
     skip_counts: tuple[tuple[str, int], ...] = ()
-    #: a judge panel's agreement on the metric (:class:`~mlflow_rag_eval.agreement.PanelAgreement`,
+    #: a judge panel's agreement on the metric (:class:`~mlflow_rag_eval.stats.agreement.PanelAgreement`,
     #: without its per-row votes), None when no panel judged it or the rows were not held
     agreement: Any = None
 
@@ -237,8 +237,8 @@ class MetricResult:
     @cached_property
     def agreement(self):
         """The judge panel's agreement on this metric
-        (:class:`~mlflow_rag_eval.agreement.PanelAgreement`), or None when no panel judged it."""
-        from mlflow_rag_eval.agreement import panel_agreement
+        (:class:`~mlflow_rag_eval.stats.agreement.PanelAgreement`), or None when no panel judged it."""
+        from mlflow_rag_eval.stats.agreement import panel_agreement
 
         return panel_agreement(self.rows) if self.judged else None
 

@@ -27,6 +27,8 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
+from llama_server import llama_server  # noqa: E402, F401  (a session fixture, for every test module)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _judge_cache_dir(tmp_path_factory):
@@ -53,7 +55,7 @@ def tracking_uri(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def local_judge():
     """One embedded MiniLM judge for the session: loading the model costs seconds."""
-    from mlflow_rag_eval.judges.local import LocalJudge
+    from mlflow_rag_eval.judges.providers.local import LocalJudge
 
     return LocalJudge()
 
@@ -102,9 +104,9 @@ def demo(tmp_path_factory):
 def refusing_judge(word: str):
     """The scripted LLM judge, refusing to verify any text containing ``word``: a named
     ``Refusal`` error on that row, the default lexical verdicts on the others."""
-    from mlflow_rag_eval.judges.chat import PermanentError
-    from mlflow_rag_eval.judges.llm import LLMJudge
-    from mlflow_rag_eval.judges.scripted import ScriptedBackend, _default
+    from mlflow_rag_eval.judges.llm.chat import PermanentError
+    from mlflow_rag_eval.judges.llm.judge import LLMJudge
+    from mlflow_rag_eval.judges.providers.scripted import ScriptedBackend, _default
 
     def claims(variables):
         if word in variables["text"]:

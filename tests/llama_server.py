@@ -1,9 +1,9 @@
 """Test support for judges backed by llama.cpp: the SmolLM2 GGUF, a served model, a recorder.
 
-``llama_server`` (module-scoped fixture) runs ``python -m llama_cpp.server`` on a free
-loopback port for the tests of one module and always stops it. Import it into a test module
-(``from llama_server import llama_server``; pytest puts ``tests/`` on the path) to use it there. Everything skips when
-llama-cpp-python or the model package is not installed.
+``llama_server`` (a session fixture, registered by ``tests/conftest.py``) runs ``python -m
+llama_cpp.server`` on a free loopback port once for every test that asks for it and stops it at
+the end of the session. Everything skips when llama-cpp-python or the model package is not
+installed.
 
 SmolLM2-135M judges at chance level: these helpers test wire paths, never judging quality.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mlflow_rag_eval.judges.chat import ChatReply, ChatRequest
+from mlflow_rag_eval.judges.llm.chat import ChatReply, ChatRequest
 from mlflow_rag_eval.testing import free_port
 
 __all__ = ["LlamaServer", "RecordingBackend", "free_port",
@@ -76,9 +76,9 @@ class LlamaServer:
         return f"\n--- llama_cpp.server log (tail) ---\n{self.log()[-chars:]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_server(request, tmp_path_factory):
-    """``python -m llama_cpp.server`` with SmolLM2 on 127.0.0.1:<free port>, for one module."""
+    """``python -m llama_cpp.server`` with SmolLM2 on 127.0.0.1:<free port>, shared by the session."""
     need_llama_cpp(server=True)
     model = gguf_path()
     import requests

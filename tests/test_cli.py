@@ -94,7 +94,7 @@ def test_usage_errors_stay_clicks_exit_2():
 
 
 def test_a_bug_shows_its_traceback_and_exits_3(monkeypatch, tracking_uri):
-    import mlflow_rag_eval.comparison as comparison
+    import mlflow_rag_eval.compare as comparison
 
     def broken(*args, **kwargs):
         raise TypeError("unsupported operand type(s) for -: 'str' and 'float'")
@@ -173,7 +173,7 @@ def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tm
 
 
 def test_a_dataset_input_names_s3a_data_as_its_s3_object_and_never_fails_the_run(tracking_uri, caplog):
-    from mlflow_rag_eval.integrations.mlflow_logging import log_dataset_input
+    from mlflow_rag_eval.tracking.run_logging import log_dataset_input
 
     client = mlflow.MlflowClient()
     with mlflow.start_run() as run:

@@ -9,7 +9,7 @@ import pytest
 
 import mlflow_rag_eval
 from mlflow_rag_eval import keys
-from mlflow_rag_eval.comparison import EvaluatedRun
+from mlflow_rag_eval.compare import EvaluatedRun
 from mlflow_rag_eval.results import MetricResult
 
 
@@ -40,12 +40,12 @@ def test_aggregate_keys_split_on_the_last_slash():
 
 
 def test_every_caller_uses_the_one_mapping():
-    from mlflow_rag_eval import results
-    from mlflow_rag_eval.gate import checks, policy
+    from mlflow_rag_eval import metrics, results
+    from mlflow_rag_eval.gate import policy
 
     assert results.metric_key is keys.metric_key  # the old import path keeps working
     assert MetricResult("ndcg@10", {}, ()).key == "ndcg_at_10"
-    assert checks.display_name is keys.display_name and policy.STATS == (*keys.AGGREGATES, *keys.PPI_STATS)
+    assert metrics.display_name is keys.display_name and policy.STATS == (*keys.AGGREGATES, *keys.PPI_STATS)
     run = EvaluatedRun("r", {}, __import__("pandas").DataFrame({"question": ["q"], "ndcg_at_10/score": [0.5]}), {})
     assert run.metric_keys() == ["ndcg_at_10"] and run.scores("ndcg@10").tolist() == [0.5]
 

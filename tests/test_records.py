@@ -175,7 +175,7 @@ def test_malformed_graded_relevance_is_refused_naming_the_row(value, grades, mes
 
 
 def test_a_large_frame_of_dict_grades_is_warned_about(tracking_uri, monkeypatch):
-    from mlflow_rag_eval.integrations import mlflow_evaluator
+    from mlflow_rag_eval.routes import evaluator as mlflow_evaluator
 
     monkeypatch.setattr(mlflow_evaluator, "DICT_GRADES_WARN_ROWS", 3)  # the frame, not the threshold, is tested
     frame = pd.concat([good_frame()] * 2, ignore_index=True)

@@ -10,7 +10,8 @@
 Importing this package does not import MLflow or a judge model; the functions do, when called.
 """
 
-from mlflow_rag_eval.gate.calibration import CalibrationResult, calibrate, calibrate_from_run, load_labels
+from mlflow_rag_eval.calibration.calibrate import CalibrationResult, calibrate, calibrate_from_run
+from mlflow_rag_eval.calibration.labels import load_labels
 from mlflow_rag_eval.gate.checks import Check
 from mlflow_rag_eval.gate.decision import DECISION_FILE, GateDecision, gate
 from mlflow_rag_eval.gate.history import gate_history

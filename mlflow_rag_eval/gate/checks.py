@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow_rag_eval import stats
+from mlflow_rag_eval._util.text_table import text_table
 from mlflow_rag_eval.gate.policy import EVERY_SLICE, GatePolicy
-from mlflow_rag_eval.keys import display_name, is_slice_key, split_aggregate_key
-from mlflow_rag_eval.text_table import text_table
+from mlflow_rag_eval.keys import is_slice_key, split_aggregate_key
 
 __all__ = [
-    "Check", "calibration_check", "is_judge_graded", "metric_checks", "regression_check", "regression_p_values",
+    "Check", "calibration_check", "metric_checks", "regression_check", "regression_p_values",
     "slice_checks", "table",
 ]
 
@@ -185,7 +185,7 @@ def regression_p_values(champion, candidate, deltas: dict, policy: GatePolicy) -
     """Per ``max_regression`` metric, the raw one-sided regression p-value
     (:func:`mlflow_rag_eval.stats.regression_p`) and the same after the policy's correction
     across those metrics (Holm, or none): the family is the metrics gated together."""
-    from mlflow_rag_eval.comparison import paired_scores
+    from mlflow_rag_eval.compare import paired_scores
 
     raw: dict[str, float | None] = {}
     for metric, tolerance in policy.max_regression.items():
@@ -205,13 +205,13 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
                      p_values: tuple[float | None, float | None] = (None, None)) -> Check:
     """The paired regression rule (see :mod:`mlflow_rag_eval.gate.policy`).
 
-    ``delta`` is the comparison's :class:`~mlflow_rag_eval.comparison.MetricDelta` (or None
+    ``delta`` is the comparison's :class:`~mlflow_rag_eval.compare.MetricDelta` (or None
     when the metric is not in both evaluations). The CI is the comparison's (BCa, seeded; see
     :mod:`mlflow_rag_eval.stats`) at the policy's ``confidence``. Where it is not computable:
     with ``decide_on: ci_low``, every pair differing by the same amount decides on that amount
     (every resample would give it); a single pair cannot bound a drop and is refused.
     """
-    from mlflow_rag_eval.comparison import paired_scores
+    from mlflow_rag_eval.compare import paired_scores
 
     tolerance = policy.max_regression[metric]
     test = policy.regression_test
@@ -248,6 +248,8 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
         reason = "" if ok else (f"{metric} regressed: the drop beyond {tolerance:g} is significant, {correction} "
                                 f"p={adjusted_p:.3g} < {alpha:g} ({detail})")
         return Check(metric, "regression", adjusted_p, alpha, ok, reason, delta=adjusted, detail=detail)
+    from mlflow_rag_eval.metrics import is_judge_graded
+
     if test.decide_on == "ppi" and is_judge_graded(metric):
         return _ppi_regression_check(metric, champion, candidate, delta, tolerance, test, detail)
     if test.decide_on in ("point", "ppi") or (low is None and len(sa) >= 2 and stats.all_equal(sb - sa)):
@@ -268,7 +270,7 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
 
 def _ppi_regression_check(metric: str, champion, candidate, delta, tolerance: float, test, detail: str) -> Check:
     """``decide_on: ppi``: the lower bound of the CI of the PPI estimates' difference decides."""
-    from mlflow_rag_eval.ppi import ppi_difference
+    from mlflow_rag_eval.stats.ppi import ppi_difference
 
     sign = 1.0 if delta.greater_is_better else -1.0
     diff = ppi_difference(champion.metrics, candidate.metrics, metric, confidence=test.confidence)
@@ -282,22 +284,6 @@ def _ppi_regression_check(metric: str, champion, candidate, delta, tolerance: fl
     ok = low >= -tolerance
     reason = "" if ok else f"{metric} regressed: the PPI CI lower bound {low:+.3f} < -{tolerance:g} ({shown})"
     return Check(metric, "regression", low, -tolerance, ok, reason, delta=sign * delta.delta, detail=shown)
-
-
-def is_judge_graded(key: str) -> bool:
-    """Whether a metric's scores come from the judge (its ``primitives``). Retrieval metrics
-    compare ids and need no calibration; names only an adapter or a rubric knows count as
-    judge-graded, the safe side."""
-    from mlflow_rag_eval.metrics import registered_metrics, resolve_metric
-
-    name = display_name(key)
-    base = name.split("@")[0]
-    if base not in registered_metrics():
-        return True
-    try:
-        return bool(resolve_metric(name).primitives)
-    except (ValueError, TypeError):
-        return True
 
 
 def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePolicy) -> Check:

@@ -2,7 +2,7 @@
 
 Steps of :func:`gate`:
 
-1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.gate.lookup`): the
+1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.tracking.search`): the
    newest on the policy's ``dataset_digest``, else its newest; none -> exit 2;
 2. find the champion (the version holding ``champion_alias``). When no version holds it:
    if the model has no alias at all (or the caller says ``first_version``), the candidate is
@@ -36,11 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow_rag_eval.gate import lookup
 from mlflow_rag_eval.gate.checks import (
     Check,
     calibration_check,
-    is_judge_graded,
     metric_checks,
     regression_check,
     regression_p_values,
@@ -48,6 +46,7 @@ from mlflow_rag_eval.gate.checks import (
     table,
 )
 from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
+from mlflow_rag_eval.tracking import search as lookup
 
 __all__ = ["DECISION_FILE", "GateDecision", "gate"]
 
@@ -256,7 +255,7 @@ def _evaluations(client, candidate_run, champion_run):
     """The per-row evaluations of the candidate and (if any) the champion."""
     import mlflow
 
-    from mlflow_rag_eval.comparison import NotComparable, load_evaluation
+    from mlflow_rag_eval.compare import NotComparable, load_evaluation
 
     try:
         candidate = load_evaluation(candidate_run.info.run_id, client)
@@ -281,7 +280,7 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
                      candidate) -> list[Check]:
     """The judge-identity check, then the paired regression checks against the champion;
     every check gets its direction-adjusted delta vs the champion where one was computed."""
-    from mlflow_rag_eval.comparison import compare_evaluations
+    from mlflow_rag_eval.compare import compare_evaluations
 
     identity, champ = candidate.identity, champion_eval.identity
     decision.judge_fingerprints["champion"] = champ["judge fingerprint"]
@@ -311,6 +310,8 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
 
 def _calibration_checks(client, policy: GatePolicy, identity: dict) -> list[Check]:
     """Each judge-graded gated metric needs a calibration of this judge and prompts version."""
+    from mlflow_rag_eval.metrics import is_judge_graded
+
     if not policy.calibration.required:
         return []
     fp, prompts = identity["judge fingerprint"], identity["prompts version"]

@@ -73,14 +73,14 @@ decides on each metric's raw p. Every regression check reports both p-values, wh
 
 ``decide_on: ppi`` decides a judge-graded metric on what people would score rather than on the
 judge: each run carries its PPI++ estimate of the metric's mean (``mlflow-rag-eval ppi``, from
-human labels on a random sample of its rows, :mod:`mlflow_rag_eval.ppi`), and the metric
+human labels on a random sample of its rows, :mod:`mlflow_rag_eval.stats.ppi`), and the metric
 regresses when the lower bound of the CI (at ``confidence``) of the difference of the two
-estimates is below ``-max_regression`` (:func:`mlflow_rag_eval.ppi.ppi_difference`). A run
+estimates is below ``-max_regression`` (:func:`mlflow_rag_eval.stats.ppi.ppi_difference`). A run
 without the estimate fails the check, naming the command. Metrics the judge does not grade
 (retrieval) decide on the paired delta, as with ``point``.
 
 Per-slice limits (``slice_floors``, ``slice_ceilings``) apply to a run evaluated with
-``slice_by`` (:mod:`mlflow_rag_eval.slices`) and are read from its ``rag_eval/slices.json``:
+``slice_by`` (:mod:`mlflow_rag_eval.evaluation.slices`) and are read from its ``rag_eval/slices.json``:
 
 * a field is a ``slice_by`` field; a value is a slice label as the slicing writes it (a YAML
   number or boolean key is read as that label: ``3`` -> ``"3"``, ``true`` -> ``"True"``);
@@ -101,7 +101,7 @@ Metric names are typed as users know them (``ndcg@10``) and stored as MLflow key
 [0, 1], so floors and ceilings on ``mean``/``median``/``p10``/``ci_low``/``ci_high`` must lie in
 [0, 1]. A floor on ``ci_low`` fails when the run has no CI (one scored row, or all equal).
 Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_high``) that
-:func:`mlflow_rag_eval.ppi.ppi_from_run` logs once reviewers labelled some of the run's rows:
+:func:`mlflow_rag_eval.stats.ppi.ppi_from_run` logs once reviewers labelled some of the run's rows:
 ``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the
 metric at 0.8 or more. A run without it fails that floor, like any missing statistic.
 
@@ -132,7 +132,15 @@ from pydantic import (
     model_validator,
 )
 
-from mlflow_rag_eval.keys import AGGREGATES, PPI_STATS, aggregate_key, display_name, is_namespaced, is_slice_key, metric_key
+from mlflow_rag_eval.keys import (
+    AGGREGATES,
+    PPI_STATS,
+    aggregate_key,
+    display_name,
+    is_namespaced,
+    is_slice_key,
+    metric_key,
+)
 
 __all__ = [
     "CalibrationRequirement", "GatePolicy", "PolicyError", "RegressionTest", "SCHEMA_FILE", "load_policy",
@@ -140,7 +148,7 @@ __all__ = [
 ]
 
 #: Aggregates a floor or ceiling may name: the per-run statistics the logger writes, and the
-#: PPI estimate :func:`mlflow_rag_eval.ppi.ppi_from_run` adds once humans labelled some rows.
+#: PPI estimate :func:`mlflow_rag_eval.stats.ppi.ppi_from_run` adds once humans labelled some rows.
 STATS = (*AGGREGATES, *PPI_STATS)
 #: the JSON schema of a policy file, generated from :class:`GatePolicy`
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")
@@ -263,7 +271,7 @@ class GatePolicy(_Strict):
     def _slice_names(cls, value: Any, info: ValidationInfo) -> Any:
         """Fields and values as text (values as the slicing labels them), limits named
         <metric>/<stat> on the right side."""
-        from mlflow_rag_eval.slices import slice_label
+        from mlflow_rag_eval.evaluation.slices import slice_label
 
         if not isinstance(value, Mapping):
             return value

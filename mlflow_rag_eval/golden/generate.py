@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlflow_rag_eval._util.text import content_tokens
 from mlflow_rag_eval.golden.prompts import GOLDEN_PROMPTS, GOLDEN_PROMPTS_VERSION, variant_clause
 from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeCapabilityError, JudgeFailure, RelevanceItem
 from mlflow_rag_eval.judges.prompts import data_block
 from mlflow_rag_eval.records import dataset_digest, records_from_frame
-from mlflow_rag_eval.text import content_tokens
 
 __all__ = [
     "DropReason", "GoldenRow", "GoldenSet", "GoldenSetReport", "Passage", "QUESTION_TYPES",
@@ -265,7 +265,7 @@ def _embedder(judge: Judge, embedder):
     own = getattr(judge, "embedder", None)
     if own is not None:
         return own
-    from mlflow_rag_eval.judges.embedding import Embedder
+    from mlflow_rag_eval.judges.local_model.embedding import Embedder
 
     return Embedder()
 

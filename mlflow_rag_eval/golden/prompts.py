@@ -16,23 +16,23 @@ import hashlib
 
 from pydantic import Field
 
-from mlflow_rag_eval.judges.prompts import DATA_FORMAT_VERSION, PromptTemplate, _Strict
+from mlflow_rag_eval.judges.prompts import DATA_FORMAT_VERSION, PromptTemplate, StrictReply
 
 __all__ = ["GOLDEN_PROMPTS", "GOLDEN_PROMPTS_VERSION", "variant_clause"]
 
 
-class QuestionReply(_Strict):
+class QuestionReply(StrictReply):
     question: str = Field(description="one question a user of these documents would ask")
     reference: str = Field(description="the answer, stated only from the passages")
     topic: str = Field(default="", description="two or three words naming the topic")
 
 
-class UnanswerableReply(_Strict):
+class UnanswerableReply(StrictReply):
     question: str = Field(description="a question close to the passages' topic that they do not answer")
     topic: str = Field(default="", description="two or three words naming the topic")
 
 
-class AnswerableReply(_Strict):
+class AnswerableReply(StrictReply):
     answerable: bool = Field(description="true if the passages contain the answer to the question")
     reason: str
 

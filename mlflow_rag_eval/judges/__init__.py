@@ -61,7 +61,7 @@ def get_judge(spec: str | Judge | Sequence[str | Judge] | None = None, **options
     (``?base_url=...`` for any OpenAI-compatible server); ``bedrock:/<model id>``
     (``?region_name=...&profile_name=...``); ``endpoints:/<MLflow deployments endpoint>``
     (``?target_uri=...``); ``llamacpp:/<path.gguf>``; ``scripted``;
-    ``panel:<name>,<name>,...`` (a judge panel, :mod:`mlflow_rag_eval.judges.panel`; also
+    ``panel:<name>,<name>,...`` (a judge panel, :mod:`mlflow_rag_eval.judges.providers.panel`; also
     given as a list of names and judges, or as ``"panel", members=[...]``); and any scheme a
     third-party package registers. Each provider parses its own name and its query-string
     options, and refuses options it does not know.
@@ -77,7 +77,7 @@ def get_judge(spec: str | Judge | Sequence[str | Judge] | None = None, **options
             installed; the message names what to install.
     """
     if isinstance(spec, (list, tuple)) or (spec == "panel" and "members" in options):
-        from mlflow_rag_eval.judges.panel import panel_judge
+        from mlflow_rag_eval.judges.providers.panel import panel_judge
 
         members = spec if isinstance(spec, (list, tuple)) else options.pop("members")
         return panel_judge(members, **options)

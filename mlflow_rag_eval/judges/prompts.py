@@ -26,14 +26,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DATA_FORMAT_VERSION", "PROMPTS", "PROMPTS_VERSION", "PromptTemplate", "data_block", "escape_data", "render"]
+__all__ = [
+    "DATA_FORMAT_VERSION", "PROMPTS", "PROMPTS_VERSION", "PromptTemplate", "StrictReply", "data_block", "escape_data",
+    "render",
+]
 
 
-class _Strict(BaseModel):
+class StrictReply(BaseModel):
+    """A judge reply's schema: unknown keys refused (a reply that invents fields is malformed)."""
+
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
-class ClaimVerdict(_Strict):
+class ClaimVerdict(StrictReply):
     claim: str = Field(description="one self-contained factual statement from the text")
     supported: bool = Field(description="true only if the passages state or directly imply it")
     reason: str = Field(description="one short sentence: why")
@@ -41,37 +46,37 @@ class ClaimVerdict(_Strict):
     passage: int | None = Field(default=None, description="index of that passage")
 
 
-class ClaimsVerdictsReply(_Strict):
+class ClaimsVerdictsReply(StrictReply):
     """Fused extract + verify: the claims of a text, each with its verdict."""
 
     claims: list[ClaimVerdict]
 
 
-class ClaimsReply(_Strict):
+class ClaimsReply(StrictReply):
     claims: list[str]
 
 
-class IndexedVerdict(_Strict):
+class IndexedVerdict(StrictReply):
     index: int = Field(description="index of the claim or passage being judged")
     verdict: bool
     reason: str
 
 
-class VerdictsReply(_Strict):
+class VerdictsReply(StrictReply):
     verdicts: list[IndexedVerdict]
 
 
-class QuestionsReply(_Strict):
+class QuestionsReply(StrictReply):
     questions: list[str]
     noncommittal: bool = Field(description="true if the answer is evasive, vague or says it does not know")
 
 
-class AbstentionReply(_Strict):
+class AbstentionReply(StrictReply):
     abstains: bool
     reason: str
 
 
-class GradeReply(_Strict):
+class GradeReply(StrictReply):
     steps: list[str] = Field(description="the evaluation steps, each with its finding")
     score: float
     reason: str

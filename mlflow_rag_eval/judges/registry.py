@@ -55,13 +55,13 @@ ENTRY_POINT_GROUP = "mlflow_rag_eval.judges"
 #: Built-in schemes: the module whose import registers each one, and the extra that installs
 #: what it needs (None: the core dependencies).
 BUILTIN: dict[str, tuple[str, str | None]] = {
-    "local": ("mlflow_rag_eval.judges.local", None),
-    "openai": ("mlflow_rag_eval.judges.openai_compat", None),
-    "bedrock": ("mlflow_rag_eval.judges.bedrock", None),
-    "endpoints": ("mlflow_rag_eval.judges.mlflow_endpoints", None),
-    "llamacpp": ("mlflow_rag_eval.judges.llamacpp", "llamacpp"),
-    "scripted": ("mlflow_rag_eval.judges.scripted", None),
-    "panel": ("mlflow_rag_eval.judges.panel", None),
+    "local": ("mlflow_rag_eval.judges.providers.local", None),
+    "openai": ("mlflow_rag_eval.judges.providers.openai", None),
+    "bedrock": ("mlflow_rag_eval.judges.providers.bedrock", None),
+    "endpoints": ("mlflow_rag_eval.judges.providers.endpoints", None),
+    "llamacpp": ("mlflow_rag_eval.judges.providers.llamacpp", "llamacpp"),
+    "scripted": ("mlflow_rag_eval.judges.providers.scripted", None),
+    "panel": ("mlflow_rag_eval.judges.providers.panel", None),
 }
 
 _SCHEME = re.compile(r"[a-z][a-z0-9_.\-]*")
@@ -116,7 +116,7 @@ def llm_judge(backend: Any, *, name: str, **options: Any) -> Judge:
     """
     import dataclasses
 
-    from mlflow_rag_eval.judges.llm import LLMJudge, LLMSettings
+    from mlflow_rag_eval.judges.llm.judge import LLMJudge, LLMSettings
 
     allowed = {f.name for f in dataclasses.fields(LLMSettings)} | {"settings", "cache"}
     unknown = set(options) - allowed

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges.base import JudgeFailure, VerifyItem
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.metrics.generation import _failed, _votes
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
-from mlflow_rag_eval.text import split_sentences
 
 __all__ = ["CitationSupport", "CitationValidity", "DEFAULT_CITATION_PATTERN", "find_citations"]
 

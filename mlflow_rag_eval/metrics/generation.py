@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeFailure, RelevanceItem
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
-from mlflow_rag_eval.text import split_sentences
 
 __all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall"]
 

@@ -15,7 +15,7 @@ __all__ = ["render_figures_report", "render_report", "worst_rows"]
 _WHERE = {
     "render_figures_report": "mlflow_rag_eval.report._html",
     "render_report": "mlflow_rag_eval.report._html",
-    "worst_rows": "mlflow_rag_eval.report._worst",
+    "worst_rows": "mlflow_rag_eval.report.worst",
 }
 
 

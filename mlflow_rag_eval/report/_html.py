@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult
-from mlflow_rag_eval.gate.lookup import uncalibrated_warning
+from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult, uncalibrated_warning
 from mlflow_rag_eval.report._svg import histogram_svg, quadrant_data, quadrant_svg
-from mlflow_rag_eval.report._templates import render
-from mlflow_rag_eval.report._worst import worst_rows
+from mlflow_rag_eval.report.templating import render
+from mlflow_rag_eval.report.worst import worst_rows
 from mlflow_rag_eval.stats import ci_missing
 
 __all__ = ["render_figures_report", "render_report", "ROWS_SHOWN", "QUADRANT_METRICS"]
@@ -160,7 +159,7 @@ def _panel(result: EvaluationFigures, worst: dict[str, Any]) -> dict[str, Any] |
 
 def _slices(slices) -> list[dict[str, Any]]:
     """Per sliced field, a column per value (its rows) and a row per metric: the mean, CI and
-    errors on that slice (the figures :mod:`mlflow_rag_eval.slices` computed, which are also
+    errors on that slice (the figures :mod:`mlflow_rag_eval.evaluation.slices` computed, which are also
     logged). Metrics as rows, as in the summary above: a run has a dozen metrics and a field
     a few values, so the table stays as wide as the page."""
     if slices is None:
@@ -206,9 +205,9 @@ def render_report(
 
     Args:
         lineage: the dict written as ``rag_eval/judge_lineage.json``
-            (:func:`mlflow_rag_eval.integrations.mlflow_logging.lineage`).
+            (:func:`mlflow_rag_eval.tracking.run_logging.lineage`).
         worst: the output of :func:`worst_rows`, when the caller has it already.
-        slices: the run's :class:`~mlflow_rag_eval.slices.SliceTable`, when it was sliced: the
+        slices: the run's :class:`~mlflow_rag_eval.evaluation.slices.SliceTable`, when it was sliced: the
             page then has a per-slice table (none otherwise).
 
     Sized for 10k rows: the quadrant draws at most 2,000 points and each metric shows at most

@@ -19,9 +19,10 @@ import numpy as np
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from mlflow_rag_eval.evaluation.slices import slice_table
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import RagRecord, digest_of_sorted_items
-from mlflow_rag_eval.report._worst import WORST_ROWS_SCHEMA_VERSION, metric_entry, row_entry
+from mlflow_rag_eval.report.worst import WORST_ROWS_SCHEMA_VERSION, metric_entry, row_entry
 from mlflow_rag_eval.results import (
     ERROR_KIND_PATTERN,
     UNNAMED_ERROR_KIND,
@@ -30,7 +31,6 @@ from mlflow_rag_eval.results import (
     RowResult,
     summarize_values,
 )
-from mlflow_rag_eval.slices import slice_table
 from mlflow_rag_eval.spark._worker import (
     RECORD_BLOBS_SCHEMA,
     Plan,
@@ -73,7 +73,7 @@ def score_arrays(out: DataFrame, metrics: Sequence[Metric], n_rows: int) -> tupl
 
 
 def slice_members(out: DataFrame, slice_by: Sequence[str], n_rows: int) -> dict[str, tuple[dict[str, np.ndarray], int]]:
-    """:func:`mlflow_rag_eval.slices.slice_members` from the output's ``slice/<field>`` columns:
+    """:func:`mlflow_rag_eval.evaluation.slices.slice_members` from the output's ``slice/<field>`` columns:
     per field, value -> its rows in order (values sorted as text), and the rows with no value."""
     members = {}
     for field in slice_by:
@@ -91,7 +91,7 @@ def slice_members(out: DataFrame, slice_by: Sequence[str], n_rows: int) -> dict[
 
 def slice_summaries(members: dict, figures: Sequence[MetricFigures], scores: dict[str, np.ndarray],
                     errors: dict[str, np.ndarray], n_rows: int, *, seed: int):
-    """The :class:`~mlflow_rag_eval.slices.SliceTable` of a run that is not held: each slice's
+    """The :class:`~mlflow_rag_eval.evaluation.slices.SliceTable` of a run that is not held: each slice's
     summaries by :func:`~mlflow_rag_eval.results.summarize_values` of its rows' scores, in row
     order, as the single-process route summarizes the rows themselves."""
     def summarize_rows(key: str, rows: np.ndarray):

@@ -111,7 +111,7 @@ def spread(df: DataFrame, n_rows: int, *, whole_blocks: bool) -> DataFrame:
       engine scores it. Without a judge (retrieval metrics) no value depends on it, and no
       shuffle is paid for it.
     """
-    from mlflow_rag_eval.engine import BATCH_SIZE
+    from mlflow_rag_eval.evaluation.engine import BATCH_SIZE
 
     cores = df.sparkSession.sparkContext.defaultParallelism
     blocks = -(-n_rows // BATCH_SIZE)

@@ -3,7 +3,7 @@
 Order of work, as on the single-process route, so that bad input never costs a judge call and
 never leaves half a run:
 
-1. the suite, on the driver, from the data's columns (:func:`~mlflow_rag_eval.suite.prepare_suite`);
+1. the suite, on the driver, from the data's columns (:func:`~mlflow_rag_eval.evaluation.suite.prepare_suite`);
 2. every row read and checked in the executors, no judge called; the first bad cell is raised
    on the driver as the :class:`~mlflow_rag_eval.records.RecordError` the single-process route
    raises, naming the global row and the column;
@@ -31,8 +31,20 @@ from mlflow import MlflowClient
 from pyspark.errors import PythonException
 from pyspark.sql import DataFrame
 
-from mlflow_rag_eval.engine import EvaluationFigures, EvaluationResult, no_judge
-from mlflow_rag_eval.integrations.mlflow_logging import (
+from mlflow_rag_eval.evaluation.engine import no_judge
+from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
+from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, check_value_count
+from mlflow_rag_eval.evaluation.suite import Suite, prepare_suite
+from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable
+from mlflow_rag_eval.judges.llm.judge import LLMJudge
+from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
+from mlflow_rag_eval.report import render_figures_report
+from mlflow_rag_eval.spark import _collect
+from mlflow_rag_eval.spark._index import ROW, read_indexed, spread
+from mlflow_rag_eval.spark._worker import FACTS_SCHEMA, Plan, SumParam, output_schema, score_batches, validate_batches
+from mlflow_rag_eval.stats import SEED
+from mlflow_rag_eval.tracking.run_logging import (
     REPORT_FILE,
     WORST_ROWS_FILE,
     announce,
@@ -41,17 +53,6 @@ from mlflow_rag_eval.integrations.mlflow_logging import (
     log_evaluation,
     log_run_level,
 )
-from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable
-from mlflow_rag_eval.judges.llm import LLMJudge
-from mlflow_rag_eval.metrics import Metric
-from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
-from mlflow_rag_eval.report import render_figures_report
-from mlflow_rag_eval.spark import _collect
-from mlflow_rag_eval.spark._index import ROW, read_indexed, spread
-from mlflow_rag_eval.spark._worker import FACTS_SCHEMA, Plan, SumParam, output_schema, score_batches, validate_batches
-from mlflow_rag_eval.stats import SEED
-from mlflow_rag_eval.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, check_value_count
-from mlflow_rag_eval.suite import Suite, prepare_suite
 
 __all__ = [
     "ROWS_ARTIFACT_DIR", "ROWS_ARTIFACT_LIMIT", "ROWS_PATH_TAG", "SparkEvaluation", "evaluate_spark", "worker_share",
@@ -119,7 +120,7 @@ def evaluate_spark(
         seed: the bootstrap seed of the CIs (every route uses 0 unless told otherwise).
         log_traces: with the per-row artifacts, a trace per row (as ``log_traces`` of the evaluator).
         slice_by: metadata keys or columns to report every metric per value of
-            (:mod:`mlflow_rag_eval.slices`), checked on every row before any judge call.
+            (:mod:`mlflow_rag_eval.evaluation.slices`), checked on every row before any judge call.
         max_error_rate: raise :class:`~mlflow_rag_eval.results.ErrorRateExceeded` after logging
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
@@ -247,8 +248,8 @@ def _validate(indexed: DataFrame, plan: Plan, suite: Suite, columns: list[str]) 
 
 
 def _check_slices(facts: list, slice_by: tuple[str, ...], columns: list[str]) -> None:
-    """The single-process route's checks of ``slice_by`` (:func:`mlflow_rag_eval.slices.check_frame`,
-    :func:`~mlflow_rag_eval.slices.slice_members`) from the workers' facts: a field both a column
+    """The single-process route's checks of ``slice_by`` (:func:`mlflow_rag_eval.evaluation.slices.check_frame`,
+    :func:`~mlflow_rag_eval.evaluation.slices.slice_members`) from the workers' facts: a field both a column
     and a metadata key, or neither, or with too many values; a value that is no label."""
     for field in slice_by:
         seen = [f for f in facts if f["metric"] == field and f["kind"] in ("slice", "slice_error")]

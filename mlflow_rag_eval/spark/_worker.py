@@ -1,7 +1,7 @@
 """What runs in Spark's Python workers: batches of rows in, validation facts or scored rows out.
 
 A batch is turned into records by :func:`~mlflow_rag_eval.records.records_from_frame`, the code
-of the single-process route, and scored by :func:`~mlflow_rag_eval.engine.score_records`, its
+of the single-process route, and scored by :func:`~mlflow_rag_eval.evaluation.engine.score_records`, its
 engine: a cell means the same thing and a row gets the same result on every route.
 
 Batches come as Arrow (``mapInArrow``) and become pandas by pyarrow's own ``to_pandas``, the
@@ -45,15 +45,15 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mlflow_rag_eval.engine import BATCH_SIZE, score_records
+from mlflow_rag_eval.evaluation.engine import BATCH_SIZE, score_records
+from mlflow_rag_eval.evaluation.slices import attach_columns, labels_of
+from mlflow_rag_eval.evaluation.suite import Suite
 from mlflow_rag_eval.judges import Judge, get_judge
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_item, records_from_frame
-from mlflow_rag_eval.report._worst import json_safe
+from mlflow_rag_eval.report.worst import json_safe
 from mlflow_rag_eval.results import RowResult
-from mlflow_rag_eval.slices import attach_columns, labels_of
 from mlflow_rag_eval.spark._index import ROW
-from mlflow_rag_eval.suite import Suite
 
 __all__ = [
     "FACTS_SCHEMA", "Plan", "RECORD_BLOBS_SCHEMA", "SumParam", "item_chunks", "judge_for", "metric_columns",
@@ -75,7 +75,7 @@ class Plan:
     evaluation: str = ""
     #: the default suite: report, per metric, whether any row can be scored
     check_applicable: bool = False
-    #: fields to slice by (:mod:`mlflow_rag_eval.slices`): columns named here are copied into
+    #: fields to slice by (:mod:`mlflow_rag_eval.evaluation.slices`): columns named here are copied into
     #: each record's metadata, and each row's labels are written as ``slice/<field>``
     slice_by: tuple[str, ...] = ()
     #: options every worker builds its judge with: its share of the user's rate limit and

@@ -1,0 +1,1 @@
+"""Helpers every layer may use: sentence and token splitting, fixed-width text tables."""

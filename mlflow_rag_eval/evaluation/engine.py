@@ -1,0 +1,179 @@
+"""Runs a metric suite over records: up-front checks, batches, per-row isolation, a summary.
+
+Order of work, so that bad input never costs a judge call:
+1. the suite (:mod:`mlflow_rag_eval.evaluation.suite`): named metrics checked, the default suite made of
+   what the data can feed, the judge checked for every primitive;
+2. each metric validates the records (errors name row and column);
+3. score in batches; an exception inside a metric fails that batch's rows of that metric with a
+   named error and the run goes on, except :class:`JudgeUnreachable`, which stops it;
+4. :meth:`EvaluationResult.summary_text` says, per metric, what was scored, what failed and
+   why, what did not apply: every route prints it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from mlflow_rag_eval.evaluation.result import EvaluationResult
+from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
+from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
+from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.metrics.base import batch_memo
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
+from mlflow_rag_eval.results import MetricResult, RowResult
+from mlflow_rag_eval.stats import SEED
+
+__all__ = ["evaluate_records", "no_judge", "run_metric", "score_records"]
+
+_logger = logging.getLogger(__name__)
+
+BATCH_SIZE = 1024
+
+
+def evaluate_records(
+    records: Sequence[RagRecord],
+    metrics: Iterable[str | Metric] | None = None,
+    judge: str | Judge | None = None,
+    *,
+    available_fields: set[str] | None = None,
+    mapping: ColumnMapping | None = None,
+    progress: bool | None = None,
+    suite: Suite | None = None,
+    seed: int = SEED,
+) -> EvaluationResult:
+    """Score ``records`` with a metric suite and a judge (default: the local MiniLM judge).
+
+    Args:
+        available_fields: record fields the data provides (e.g. ``{"answer", "contexts",
+            "reference"}``); defaults to what the records themselves carry.
+        progress: show a progress line on stderr (default: when stderr is a terminal).
+        suite: a suite :func:`~mlflow_rag_eval.evaluation.suite.prepare_suite` made already (the rag
+            evaluator makes it before the pipeline runs); ``metrics`` and ``judge`` are then
+            not used.
+        seed: the bootstrap seed of the metrics' CIs.
+    """
+    records = list(records)
+    mapping = mapping or ColumnMapping()
+    if available_fields is None:
+        available_fields = fields_present(records)
+    if suite is None:
+        suite = prepare_suite(metrics, judge, available_fields, mapping)
+    suite.drop_inapplicable(records)
+    for metric in suite.metrics:
+        metric.validate(records, mapping)
+    rows, timings = score_records(suite, records, progress=sys.stderr.isatty() if progress is None else progress)
+    judge_obj = suite.judge
+    results = [
+        MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
+                     greater_is_better=m.greater_is_better, judged=bool(m.primitives), seed=seed)
+        for m in suite.metrics
+    ]
+    return EvaluationResult(
+        records=records,
+        metrics=results,
+        judge=judge_obj.info() if judge_obj is not None else _NO_JUDGE,
+        dataset_digest=dataset_digest(records),
+        timings=timings,
+        judge_usage=judge_obj.usage() if judge_obj is not None else {},
+        fields=frozenset(available_fields),
+        default_suite=suite.default,
+        left_out=dict(suite.left_out),
+    )
+
+
+def score_records(suite: Suite, records: Sequence[RagRecord], *,
+                  progress: bool = False) -> tuple[dict[str, list[RowResult]], dict[str, float]]:
+    """Score records already validated for ``suite``: per metric name, one row result per
+    record, and the seconds each metric took.
+
+    The engine's batches and failure handling without the checks and the summary around them:
+    a runner that validates the data itself (Spark, per partition, before any of it is
+    scored) scores each share of the rows with this, so a row gets the same result on every
+    route.
+    """
+    runner = _Runner(suite, len(records), progress)
+    return runner.score(list(records)), runner.timings
+
+
+class _Runner:
+    """Runs a suite's metrics over batches of records and owns their failures: a metric that
+    raises fails that batch's rows with the exception's kind, message and traceback, and the
+    run goes on — except :class:`JudgeUnreachable`, which stops it."""
+
+    def __init__(self, suite: Suite, n_records: int, progress: bool):
+        self.suite, self.n_records, self.progress = suite, n_records, progress
+        self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
+        self.errors = 0
+        self.done_rows = 0
+        self._lock = threading.Lock()
+
+    def score(self, records: list[RagRecord]) -> dict[str, list[RowResult]]:
+        metrics = self.suite.metrics
+        rows: dict[str, list[RowResult]] = {m.display_name: [] for m in metrics}
+        # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
+        # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
+        # The local judge is CPU-bound: its metrics run one after another.
+        parallel = bool(getattr(self.suite.judge, "parallel_metrics", False)) and len(metrics) > 1
+        with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
+            for start in range(0, len(records), BATCH_SIZE):
+                batch = records[start : start + BATCH_SIZE]
+                with batch_memo():  # what the batch's metrics share, dropped with the batch
+                    # Each task runs in a copy of this context, which holds the batch's memo.
+                    futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
+                    outs = [f.result() for f in futures]
+                for metric, out in zip(metrics, outs):
+                    rows[metric.display_name].extend(out)
+                self.done_rows += len(batch)
+        if self.progress:
+            print(file=sys.stderr)
+        return rows
+
+    def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
+        start = time.perf_counter()
+        out = run_metric(metric, batch, self.suite.judge)
+        with self._lock:
+            self.timings[metric.display_name] += time.perf_counter() - start
+            self.errors += sum(r.status == "error" for r in out)
+            if self.progress:
+                judge = self.suite.judge
+                hits = judge.usage().get("cache_hits", 0) if judge is not None else 0
+                print(f"\rrag eval: {metric.display_name} done on rows up to "
+                      f"{self.done_rows + len(batch)}/{self.n_records}, {self.errors} errors, {hits} cache hits",
+                      end="", file=sys.stderr)
+        return out
+
+
+def run_metric(metric: Metric, records: Sequence[RagRecord], judge: Judge | None) -> list[RowResult]:
+    """One metric on validated records, one row result each; the one place a metric's failure
+    becomes rows. An exception inside the metric fails every row given with ``MetricError:
+    <kind>: <message>`` and its traceback (one metric's bug must not kill the run), and so does
+    a wrong number of rows returned. :class:`JudgeUnreachable` is raised: no row can be judged,
+    and each route stops (the engine before anything is logged)."""
+    records = list(records)
+    try:
+        out = list(metric.compute(records, judge))
+        if len(out) != len(records):
+            raise RuntimeError(f"returned {len(out)} rows for {len(records)}")
+    except JudgeUnreachable:
+        raise
+    except Exception as exc:
+        _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
+        failure = RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}",
+                                   traceback=traceback.format_exc(limit=20))
+        out = [failure] * len(records)
+    return out
+
+
+_NO_JUDGE = JudgeInfo(name="none", kind="none", model="", fingerprint="none", prompts_version="none")
+
+
+def no_judge() -> JudgeInfo:
+    """The judge identity of a suite that needs no judge (retrieval metrics only)."""
+    return _NO_JUDGE

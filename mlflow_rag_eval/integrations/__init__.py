@@ -1,1 +1,0 @@
-"""Thin adapters between the engine and MLflow: no metric logic here."""

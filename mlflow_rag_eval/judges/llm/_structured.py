@@ -1,0 +1,129 @@
+"""The one structured-output path: every reply the judge must parse goes through :func:`ask`.
+
+Our own templates (:meth:`LLMJudge._ask`) and other libraries' prompts (ragas, deepeval, via
+:meth:`LLMJudge.complete_structured` and :meth:`LLMJudge.complete`) all come here, so a reply
+costs the same everywhere:
+
+1. a valid cached reply, if any (errors and refusals are never cached);
+2. else one request through the judge's :class:`~.transport.Transport` (whose retries of
+   timeouts, 429 and 5xx are transport, not corrective, retries);
+3. the reply validated (:func:`.parsing.parse_reply` against a pydantic schema, with the texts
+   under evaluation as ``data`` so JSON quoted from them is never taken), safe repairs
+   included;
+4. if invalid, **one** corrective retry that shows the model the validation error, never the
+   reply (text the model echoed from the data must not come back outside the data tags);
+5. still invalid: a named :class:`JudgeFailure` ``ParseError``.
+
+So one structured reply costs at most two provider calls. Callers must not retry on top:
+an adapter that re-asks after a ParseError, or a library's own re-parse loop, would multiply
+that bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel
+
+from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
+from mlflow_rag_eval.judges.cache import JudgeCache
+from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, parse_reply
+from mlflow_rag_eval.judges.llm.chat import ChatReply, ChatRequest, PermanentError
+from mlflow_rag_eval.judges.llm.transport import MESSAGE_CHARS, Transport
+
+__all__ = ["ask", "corrective_request", "schema_validator"]
+
+_logger = logging.getLogger(__name__)
+
+#: What the one corrective retry says: the validation error, never the reply itself.
+CORRECTION = "Your reply was not valid: {reason}. Reply again with only the JSON object that matches the schema."
+
+
+def schema_validator(schema: type[BaseModel], data: tuple[str, ...] = (),
+                     check: Callable[[Any], None] | None = None) -> Callable[[str], Any]:
+    """``text -> schema instance``; raises ReplyParseError (from parsing or from ``check``).
+
+    ``data``: the texts under evaluation; JSON quoted from them is never the reply's.
+    """
+
+    def validate(text: str) -> Any:
+        parsed = parse_reply(text, schema, data)
+        if check is not None:
+            check(parsed)
+        return parsed
+
+    return validate
+
+
+def corrective_request(request: ChatRequest, reply_text: str, error: ReplyParseError) -> ChatRequest:
+    """``request`` again, with the invalid reply as the assistant's turn and the reason why."""
+    return replace(request, messages=list(request.messages) + [
+        {"role": "assistant", "content": reply_text},
+        {"role": "user", "content": CORRECTION.format(reason=error.reason)},
+    ])
+
+
+def ask(transport: Transport, cache: JudgeCache, key: str, request: ChatRequest,
+        validate: Callable[[str], Any]) -> Any:
+    """``validate(reply text)`` for ``request``: cached, or asked with one corrective retry.
+
+    Raises:
+        JudgeFailure: ``ParseError`` after the corrective retry, a transport failure, a
+            refusal, a permanent error, or anything ``validate`` breaks unexpectedly; counted
+            in the usage's errors.
+        JudgeUnreachable: the provider cannot be reached at all (the evaluation stops).
+    """
+    cached = cache.get(key)
+    if cached is not None and isinstance(cached.get("text"), str):
+        try:
+            parsed = validate(cached["text"])
+            transport.usage.add(cache_hits=1)
+            return parsed
+        except ReplyParseError:
+            pass  # a stale or foreign entry: ask again
+    try:
+        parsed, reply = _validated_reply(transport, request, validate)
+    except JudgeUnreachable:
+        raise
+    except PermanentError as exc:
+        failure = JudgeFailure(exc.kind, exc.message)
+    except JudgeFailure as exc:
+        failure = exc
+    except Exception as exc:  # noqa: BLE001 - e.g. a check that breaks: one row's named failure
+        _logger.warning("judge %s: a reply failed: %s: %s", transport.name, type(exc).__name__, exc)
+        failure = JudgeFailure(type(exc).__name__, str(exc)[:MESSAGE_CHARS])
+    else:
+        _store(transport, cache, key, reply)
+        return parsed
+    transport.usage.add(errors=failure.kind)
+    raise failure
+
+
+def _validated_reply(transport: Transport, request: ChatRequest,
+                     validate: Callable[[str], Any]) -> tuple[Any, ChatReply]:
+    """Send, validate; on an invalid reply one corrective retry; then ParseError."""
+    deadline = time.monotonic() + transport.settings.deadline
+    reply = transport.reply(request, deadline)
+    try:
+        return validate(reply.text), reply
+    except ReplyParseError as first:
+        transport.usage.add(repair_retries=1)
+        reply = transport.reply(corrective_request(request, reply.text, first), deadline)
+    try:
+        return validate(reply.text), reply
+    except ReplyParseError as second:
+        raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
+
+
+def _store(transport: Transport, cache: JudgeCache, key: str, reply: ChatReply) -> None:
+    """Cache a reply that parsed; a cache that cannot write costs the reuse, not the verdict."""
+    entry = {"text": reply.text, "model": reply.model, "system_fingerprint": reply.system_fingerprint,
+             "tokens_in": reply.tokens_in, "tokens_out": reply.tokens_out}
+    try:
+        cache.put(key, entry)
+    except Exception as exc:  # noqa: BLE001
+        _logger.warning("judge %s: reply not cached (%s: %s)", transport.name, type(exc).__name__, exc)

@@ -1,0 +1,318 @@
+"""How an LLM judge reaches its backend: one reply per request, whatever the network does.
+
+Below the structured-output path (:mod:`.structured`), once for every provider:
+
+- **Faults.** Transient errors (timeouts, 429, 5xx, refused connections) are retried with
+  exponential backoff and full jitter, honouring ``Retry-After``, under a total deadline per
+  call that also caps each attempt's own wall-clock budget. Permanent errors and refusals
+  fail the call at once. These transport retries are not corrective retries: a reply that
+  arrived but does not parse is the structured path's business.
+- **Fail-fast.** A provider that cannot be reached at all (``unreachable_after`` consecutive
+  connection failures, across calls and threads) raises :class:`JudgeUnreachable`, which
+  stops the evaluation instead of failing every row the same way.
+- **Schema fallback.** A server that refuses the requested structured-output format
+  (``SchemaUnsupported``) is asked the next way: ``json_schema``, then ``json_object`` where
+  the backend has it, then prompt-and-parse. The switch is made once per judge, remembered
+  for the process per (provider, base_url, model), logged, and counted in the usage.
+- **Accounting.** Every attempt is counted: provider calls, retries, latency, tokens, cost
+  where the price table knows the model, the model ids and system fingerprints reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
+from mlflow_rag_eval.judges.llm.chat import (
+    CONNECTION_ERROR,
+    RESPONSE_FORMATS,
+    ChatBackend,
+    ChatReply,
+    ChatRequest,
+    PermanentError,
+    TransientError,
+)
+from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table, token_count
+
+if TYPE_CHECKING:
+    from mlflow_rag_eval.judges.llm._settings import LLMSettings
+
+__all__ = ["MESSAGE_CHARS", "PROMPT", "SCHEMA", "UNREACHABLE_HOLD_S", "Transport"]
+
+_logger = logging.getLogger(__name__)
+
+#: The mode label of a backend with a single way of asking for a schema.
+SCHEMA = "schema"
+#: The mode label of prompt-and-parse: no structured output asked, the prompt shows the schema.
+PROMPT = "prompt"
+#: Longest error text kept for a row whose reply broke something unexpected.
+MESSAGE_CHARS = 300
+#: Seconds a judge declared unreachable fails new calls at once, without a request: the rows
+#: still queued when the evaluation stops cost nothing. After that quiet time one request
+#: goes out again (a judge object reused once its server is back works without a restart).
+UNREACHABLE_HOLD_S = 10.0
+
+# (provider, base_url, model) -> the format a server was last found to accept: a new judge on
+# the same server starts there instead of repeating the call that failed.
+_FORMAT_MEMORY: dict[tuple[str, str, str], str] = {}
+_FORMAT_MEMORY_LOCK = threading.Lock()
+
+
+def _remembered_format(backend: ChatBackend) -> str | None:
+    base_url = getattr(backend, "base_url", None)
+    if not base_url:  # in-process backends: nothing to remember a server by
+        return None
+    with _FORMAT_MEMORY_LOCK:
+        return _FORMAT_MEMORY.get((backend.provider, base_url, backend.model))
+
+
+def _remember_format(backend: ChatBackend, mode: str) -> None:
+    base_url = getattr(backend, "base_url", None)
+    if base_url:
+        with _FORMAT_MEMORY_LOCK:
+            _FORMAT_MEMORY[(backend.provider, base_url, backend.model)] = mode
+
+
+def _attempts(n: int) -> str:
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
+
+
+def format_ladder(backend: ChatBackend) -> tuple[str, ...]:
+    """The ways to ask ``backend`` for a schema, in fallback order, ending with prompt-and-parse.
+
+    A backend that lists ``response_formats`` (the OpenAI-compatible one: ``json_schema``,
+    ``json_object``) starts at its configured ``response_format``; one with a single way is
+    ``schema``; without schema support there is only ``prompt``.
+    """
+    if not getattr(backend, "supports_schema", False):
+        return (PROMPT,)
+    ways = tuple(getattr(backend, "response_formats", ()) or (SCHEMA,))
+    configured = getattr(backend, "response_format", ways[0])
+    if configured in ways:
+        ways = ways[ways.index(configured):]
+    return (*ways, PROMPT)
+
+
+def as_mode(request: ChatRequest, mode: str) -> ChatRequest:
+    """``request`` as sent in ``mode``: the schema only when structured output is asked."""
+    if mode == PROMPT or request.schema is None:
+        return replace(request, schema=None, response_format=None)
+    return replace(request, response_format=mode if mode in RESPONSE_FORMATS else None)
+
+
+def mode_of(request: ChatRequest) -> str:
+    if request.schema is None:
+        return PROMPT
+    return request.response_format or SCHEMA
+
+
+class RateLimiter:
+    """At most ``rate`` request starts per second, across threads: a request starts only once
+    ``1 / rate`` s have passed since the previous start *as it happened* (not as scheduled:
+    a thread that woke late pushes the next start back, so a late wake-up can never bunch two
+    starts), hence any one-second window ``[t, t + 1)`` holds at most ``rate`` starts."""
+
+    def __init__(self, rate: float):
+        if not rate > 0:
+            raise ValueError(f"rate_limit must be a positive number of requests per second, got {rate!r}")
+        self.interval = 1.0 / rate
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def acquire(self, deadline: float) -> None:
+        """Wait until this request may start; JudgeFailure ``DeadlineExceeded`` as soon as the
+        earliest start would come after ``deadline``."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if now >= self._next:
+                    self._next = now + self.interval
+                    return
+                wait = self._next - now
+            if now + wait > deadline:
+                raise JudgeFailure("DeadlineExceeded", f"the rate limit's next start is {wait:.1f} s away, "
+                                                       "past the call's deadline")
+            time.sleep(wait)
+
+
+class Transport:
+    """One judge's way to its backend: retries under the deadline, fail-fast, format fallback
+    and accounting. Thread-safe; shared by every call of the judge."""
+
+    def __init__(self, backend: ChatBackend, settings: LLMSettings, usage: Usage, *, name: str,
+                 concurrency: int):
+        self.backend = backend
+        self.settings = settings
+        self.usage = usage
+        self.name = name
+        self.concurrency = concurrency
+        self._prices = load_price_table()
+        self._ladder = format_ladder(backend)
+        remembered = _remembered_format(backend)
+        self._format = remembered if remembered in self._ladder else self._ladder[0]
+        self._format_lock = threading.Lock()
+        self._connection_failures = 0
+        self._last_connection_failure: tuple[float, str] = (0.0, "")
+        self._health_lock = threading.Lock()
+        rate = settings.rate_limit or getattr(backend, "default_rate_limit", None)
+        self.rate_limit = float(rate) if rate else None
+        self._limiter = RateLimiter(self.rate_limit) if self.rate_limit else None
+
+    @property
+    def response_format(self) -> str:
+        """How a schema is asked for now: ``json_schema``, ``json_object``, ``schema`` (the
+        backend's only way) or ``prompt`` (prompt-and-parse, after a fallback)."""
+        return self._format
+
+    @property
+    def use_schema(self) -> bool:
+        """Whether structured output is asked for now (part of the cache key)."""
+        return self._format != PROMPT
+
+    # -- one reply ------------------------------------------------------------------------------
+    def reply(self, request: ChatRequest, deadline: float) -> ChatReply:
+        """A reply asked the way the judge asks now, falling back to the next way (once per
+        judge) when the server refuses it as ``SchemaUnsupported``. A refusal is a
+        JudgeFailure ``Refusal``."""
+        mode = self._format
+        while True:
+            try:
+                reply = self.send(as_mode(request, mode), deadline)
+                break
+            except PermanentError as exc:
+                if exc.kind != "SchemaUnsupported" or mode == PROMPT or request.schema is None:
+                    raise
+                mode = self._fall_back(mode, exc)
+        if reply.refusal:
+            raise JudgeFailure("Refusal", reply.refusal[:MESSAGE_CHARS])
+        return reply
+
+    def send(self, request: ChatRequest, deadline: float) -> ChatReply:
+        """One reply, retrying transient errors with backoff under the deadline.
+
+        Each attempt gets ``min(timeout, time left)`` as its total budget, so no attempt can
+        outlive the call's deadline. Raises JudgeFailure (retries spent, deadline passed),
+        PermanentError, or JudgeUnreachable from the fail-fast count.
+        """
+        s = self.settings
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise JudgeFailure("DeadlineExceeded", f"no reply within {s.deadline:g} s")
+            self.check_reachable()
+            if self._limiter is not None:
+                self._limiter.acquire(deadline)
+                remaining = deadline - time.monotonic()
+            started = time.monotonic()
+            try:
+                self.usage.add(provider_calls=1, response_formats=mode_of(request))
+                reply = self.backend.complete(replace(request, timeout=min(s.timeout, remaining)))
+            except TransientError as exc:
+                self._note_transient(exc)
+                attempt += 1
+                self._back_off(exc, attempt, deadline)
+                continue
+            except PermanentError:
+                self._note_answer()  # the server answered: it is reachable
+                raise
+            except Exception as exc:  # a provider bug fails the row, not the run
+                raise JudgeFailure(type(exc).__name__, str(exc)[:MESSAGE_CHARS]) from None
+            finally:
+                self.usage.add(latency_s=time.monotonic() - started)
+            self._note_answer()
+            self._account(reply)
+            return reply
+
+    def _back_off(self, exc: TransientError, attempt: int, deadline: float) -> None:
+        """Sleep before retry ``attempt``, or raise JudgeFailure when retries are spent or the
+        wait would pass the deadline."""
+        s = self.settings
+        if attempt > s.max_retries:
+            raise JudgeFailure(exc.kind, f"{exc.message} (gave up after {_attempts(attempt)})") from None
+        if exc.retry_after is not None:
+            delay = exc.retry_after
+        else:  # exponential backoff, full jitter
+            delay = random.uniform(0, min(s.backoff_max, s.backoff_base * 2 ** (attempt - 1)))
+        if time.monotonic() + delay >= deadline:
+            raise JudgeFailure(exc.kind, f"{exc.message} (retry would pass the deadline)") from None
+        self.usage.add(retries=1)
+        time.sleep(delay)
+
+    # -- fail-fast ------------------------------------------------------------------------------
+    def unreachable_limit(self) -> int:
+        if self.settings.unreachable_after is not None:
+            return max(0, self.settings.unreachable_after)
+        return max(8, 2 * self.concurrency)
+
+    def _note_transient(self, exc: TransientError) -> None:
+        """Count a connection failure (raising JudgeUnreachable at the limit); an HTTP answer
+        (429, 5xx) resets the count; a timeout leaves it as it is."""
+        if exc.kind != CONNECTION_ERROR:
+            if exc.kind != "Timeout":
+                self._note_answer()
+            return
+        with self._health_lock:
+            self._connection_failures += 1
+            self._last_connection_failure = (time.monotonic(), exc.message)
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """Raise JudgeUnreachable while the judge is declared unreachable (the limit reached,
+        the last connection failure less than UNREACHABLE_HOLD_S ago)."""
+        limit = self.unreachable_limit()
+        with self._health_lock:
+            count = self._connection_failures
+            when, last = self._last_connection_failure
+        if not limit or count < limit or time.monotonic() - when >= UNREACHABLE_HOLD_S:
+            return
+        raise JudgeUnreachable(
+            f"judge {self.name!r} is unreachable: {count} consecutive connection failures, "
+            f"the last: {last}. Check that the server is running and its address; the "
+            f"evaluation stopped before logging anything (LLMSettings.unreachable_after={limit})"
+        )
+
+    def _note_answer(self) -> None:
+        with self._health_lock:
+            self._connection_failures = 0
+
+    # -- accounting -----------------------------------------------------------------------------
+    def _account(self, reply: ChatReply) -> None:
+        """Add a reply's tokens and cost to the usage. Never raises: unreadable usage counts
+        as unknown tokens (``usage_unknown``), not as the row's failure."""
+        try:
+            tin, tout = token_count(reply.tokens_in), token_count(reply.tokens_out)
+            model = reply.model if isinstance(reply.model, str) and reply.model else None
+            fingerprint = reply.system_fingerprint if isinstance(reply.system_fingerprint, str) else None
+            models = self._prices.get("models", {})
+            price = models.get(model or self.backend.model) or models.get(self.backend.model)
+            cost = ((tin or 0) * price["input"] + (tout or 0) * price["output"]) / 1e6 if price else 0.0
+            self.usage.add(tokens_in=tin or 0, tokens_out=tout or 0, cost_usd=float(cost), models=model,
+                           system_fingerprints=fingerprint or None,
+                           usage_unknown=int(tin is None or tout is None))
+        except Exception as exc:  # noqa: BLE001 - accounting must never cost a verdict
+            _logger.warning("judge %s: reply usage not counted (%s: %s)", self.name, type(exc).__name__, exc)
+            self.usage.add(usage_unknown=1)
+
+    # -- structured-output fallback -------------------------------------------------------------
+    def _fall_back(self, refused: str, exc: PermanentError) -> str:
+        """Move the judge past ``refused`` (only forward, once however many rows hit it at the
+        same time), remember it for the server, and say so; returns the way to ask next."""
+        ladder = self._ladder
+        wanted = ladder[min(ladder.index(refused) + 1, len(ladder) - 1)]
+        with self._format_lock:
+            switched = ladder.index(self._format) < ladder.index(wanted)
+            if switched:
+                self._format = wanted
+            current = self._format
+        if switched:
+            self.usage.add(schema_fallbacks=f"{refused}->{wanted}")
+            _remember_format(self.backend, wanted)
+            _logger.warning("judge %s: the server refused response format %s (%s); asking with %s from now on",
+                            self.name, refused, exc.message[:200], wanted)
+        return current

@@ -1,0 +1,231 @@
+"""The local judge's learned support model: features of a (claim, passages) pair and a logistic
+model over them that gives a support probability.
+
+The features need nothing past the embedding model the judge already loads and a few regular
+expressions, so they cost microseconds per claim once the embeddings exist:
+
+- cosine of the claim to its best-matching passage sentence, the runner-up, and the best pair
+  of adjacent sentences (claims that merge two sentences);
+- content-word coverage over all passages and over the best sentence, coverage of the claim's
+  content-word bigrams (word order), the number of content words found nowhere, not even as a
+  word sharing the first five letters;
+- numbers, month and weekday names, and capitalised names the claim has and the passages lack;
+- negation, modality and quantity words present in the claim but not in its best sentence (or
+  the reverse, for negation);
+- the claim's length and its length relative to the best sentence.
+
+A model is a small JSON file (:meth:`SupportModel.to_json`): the feature names, the scaler's
+means and scales, the coefficients, the intercept, the decision threshold and how it was
+trained. Inference is numpy only; training (scikit-learn) lives in
+:mod:`mlflow_rag_eval.judges.local_model.training`. The model shipped with the package is
+``support_model.json`` beside this module; ``local:minilm-l6?support_model=/path/model.json``
+names another one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlflow_rag_eval._util.text import content_tokens, numbers, split_sentences
+
+__all__ = ["FEATURES", "Premise", "SupportModel", "claim_features", "default_model_path", "load_support_model"]
+
+FEATURES = (
+    "cosine_best", "cosine_second", "cosine_pair", "coverage", "coverage_best", "bigram_coverage",
+    "missing_words", "unmatched_words", "missing_numbers", "missing_dates", "missing_names",
+    "negation_mismatch", "negation_added", "modality_added", "quantity_added", "length_ratio", "log_length",
+)
+
+_NEGATION = re.compile(
+    r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot|den(?:y|ies|ied)|refus\w*|fail\w*)\b|n't\b", re.I
+)
+_MODALITY = re.compile(
+    r"\b(?:may|might|could|would|should|must|possibl\w*|probabl\w*|likely|perhaps|reportedly|allegedly|"
+    r"plan\w*|expect\w*|will)\b", re.I,
+)
+_QUANTITY = re.compile(
+    r"\b(?:all|every|each|some|many|most|few|several|none|only|always|never|majority|minority|half|"
+    r"dozens?|hundreds?|thousands?|millions?|billions?|more|less|fewer)\b", re.I,
+)
+_DATE_WORD = re.compile(
+    r"\b(?:january|february|march|april|may|june|july|august|september|october|november|december|"
+    r"monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b", re.I,
+)
+_NAME = re.compile(r"\b[A-Z][a-zA-Z'\-]+")
+_WORD = re.compile(r"[a-z0-9'\-]+")
+
+
+def _bigrams(tokens: list[str]) -> set[tuple[str, str]]:
+    return set(zip(tokens, tokens[1:]))
+
+
+@dataclass
+class Premise:
+    """What the features need of one item's passages, computed once per item."""
+
+    units: list[tuple[str, int]]  # (text, passage index): sentences first, then adjacent pairs
+    n_sentences: int
+    vectors: np.ndarray  # one unit row per unit
+    tokens: frozenset[str]
+    prefixes: frozenset[str]
+    bigrams: frozenset[tuple[str, str]]
+    numbers: frozenset[str]
+    words: frozenset[str]
+    text: str
+
+    @staticmethod
+    def units_of(passages: Sequence[str]) -> tuple[list[tuple[str, int]], int]:
+        """The sentences of every passage (a passage without one counts whole), then the pairs
+        of adjacent sentences of each passage."""
+        singles: list[tuple[str, int]] = []
+        pairs: list[tuple[str, int]] = []
+        for index, passage in enumerate(passages):
+            sentences = split_sentences(passage) or ([passage] if passage.strip() else [])
+            singles.extend((s, index) for s in sentences)
+            pairs.extend((f"{a} {b}", index) for a, b in zip(sentences, sentences[1:]))
+        return singles + pairs, len(singles)
+
+    @classmethod
+    def build(cls, passages: Sequence[str], units: list[tuple[str, int]], n_sentences: int,
+              vectors: np.ndarray) -> Premise:
+        return cls(units=units, n_sentences=n_sentences, vectors=vectors, **_lexical(tuple(passages)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _lexical(passages: tuple[str, ...]) -> dict[str, Any]:
+    """The word sets of a passage list (read-only), computed once: rows retrieve the same passages
+    again and again."""
+    text = " ".join(passages)
+    tokens = content_tokens(text)
+    return {"tokens": frozenset(tokens), "prefixes": frozenset(t[:5] for t in tokens),
+            "bigrams": frozenset(_bigrams(tokens)), "numbers": frozenset(numbers(text)),
+            "words": frozenset(_WORD.findall(text.lower())), "text": text}
+
+
+def claim_features(claim: str, vector: np.ndarray, premise: Premise) -> tuple[np.ndarray, int]:
+    """The feature vector of ``claim`` (in :data:`FEATURES` order) and its best unit's index."""
+    sims = premise.vectors @ vector if len(premise.units) else np.zeros(0)
+    singles = sims[: premise.n_sentences]
+    if len(singles):
+        order = np.argsort(-singles)
+        best = int(order[0])
+        cos_best = float(singles[best])
+        cos_second = float(singles[order[1]]) if len(order) > 1 else cos_best
+    else:
+        best, cos_best, cos_second = -1, 0.0, 0.0
+    cos_pair = float(sims[premise.n_sentences:].max()) if len(sims) > premise.n_sentences else cos_best
+    best_text = premise.units[best][0] if best >= 0 else ""
+    best_unit = int(np.argmax(sims)) if len(sims) else -1
+
+    tokens = content_tokens(claim)
+    n = max(len(tokens), 1)
+    missing = [t for t in tokens if t not in premise.tokens]
+    best_tokens = set(content_tokens(best_text))
+    claim_bigrams = _bigrams(tokens)
+    claim_names = {w.lower() for w in _NAME.findall(claim)}
+    claim_dates = {w.lower() for w in _DATE_WORD.findall(claim)}
+
+    def count(pattern: re.Pattern, text: str) -> int:
+        return len(pattern.findall(text))
+
+    neg_claim, neg_best = count(_NEGATION, claim), count(_NEGATION, best_text)
+    quantity_added = {w.lower() for w in _QUANTITY.findall(claim)} - {w.lower() for w in _QUANTITY.findall(premise.text)}
+    values = (
+        cos_best, cos_second, cos_pair,
+        1.0 - len(missing) / n,
+        sum(t in best_tokens for t in tokens) / n,
+        sum(b in premise.bigrams for b in claim_bigrams) / len(claim_bigrams) if claim_bigrams else 1.0,
+        float(len(missing)),
+        float(sum(t[:5] not in premise.prefixes for t in missing)),
+        float(len(numbers(claim) - premise.numbers)),
+        float(len(claim_dates - premise.words)),
+        float(len(claim_names - premise.words)),
+        float((neg_claim > 0) != (neg_best > 0)),
+        float(neg_claim > neg_best),
+        float(count(_MODALITY, claim) > count(_MODALITY, best_text)),
+        float(len(quantity_added)),
+        len(tokens) / max(len(best_tokens), 1),
+        math.log1p(len(tokens)),
+    )
+    return np.asarray(values, dtype=np.float64), best_unit
+
+
+@dataclass(frozen=True)
+class SupportModel:
+    """A logistic model over standardised :data:`FEATURES`: P(supported | features)."""
+
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    threshold: float
+    training: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if tuple(self.features) != FEATURES:
+            missing = sorted(set(FEATURES) - set(self.features))
+            extra = sorted(set(self.features) - set(FEATURES))
+            raise ValueError(
+                f"support model features do not match this version of the local judge "
+                f"(missing {missing}, unknown {extra}); retrain it with train-local-judge"
+            )
+        if not (len(self.mean) == len(self.scale) == len(self.coef) == len(FEATURES)):
+            raise ValueError("support model: mean, scale and coef need one value per feature")
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Support probabilities, one per row of ``X`` (rows in :data:`FEATURES` order)."""
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        z = (X - np.asarray(self.mean)) / np.asarray(self.scale)
+        logits = z @ np.asarray(self.coef) + self.intercept
+        return 1.0 / (1.0 + np.exp(-np.clip(logits, -40, 40)))
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["schema_version"] = 1
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> SupportModel:
+        data = json.loads(text)
+        data.pop("schema_version", None)
+        for key in ("features", "mean", "scale", "coef"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the model's JSON: part of the judge's fingerprint."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def default_model_path() -> Path:
+    """The support model shipped with the package."""
+    return Path(__file__).with_name("support_model.json")
+
+
+_LOADED: dict[str, SupportModel] = {}
+
+
+def load_support_model(path: str | Path | None = None) -> SupportModel:
+    """The model at ``path`` (default: the shipped one), read once per process."""
+    path = str(Path(path).expanduser().resolve()) if path else str(default_model_path())
+    model = _LOADED.get(path)
+    if model is None:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no support model at {path} (train one with: mlflow-rag-eval "
+                                    "train-local-judge --corpus ... --out model.json)") from None
+        model = _LOADED[path] = SupportModel.from_json(text)
+    return model

@@ -1,0 +1,304 @@
+"""The embedded local judge: a sentence-embedding model plus lexical checks, no LLM, no key.
+
+What it can judge: whether a sentence is backed by the contexts, as a support probability from
+a small learned model over embedding and lexical features (similarity to the best-matching
+sentence, content-word coverage, numbers, dates and names the contexts lack, negation and
+modality changes; see :mod:`mlflow_rag_eval.judges.local_model.support_model`); whether a passage or a
+sentence is on the question's topic; whether an answer abstains (fixed phrases and closeness to
+abstention prototypes).
+
+What it cannot judge: logic, most negations and swapped roles that keep every word of the
+context ("A beat B" vs "B beat A"), claims that need several sentences combined, or anything
+that needs world knowledge. It cannot generate questions or grade against a rubric; metrics
+that need those refuse this judge up front. Treat its scores as a fast, offline screen that
+ranks rows, and calibrate before gating on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from mlflow_rag_eval._util.text import content_tokens, split_sentences, strip_citations
+from mlflow_rag_eval.judges.base import (
+    Judge,
+    JudgeInfo,
+    Outcome,
+    RelevanceItem,
+    Verdict,
+    VerifyItem,
+)
+from mlflow_rag_eval.judges.local_model.embedding import Embedder
+from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, claim_features, load_support_model
+from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
+
+__all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
+
+#: Version of the local judge's decision rules; bump it when a rule or default changes, so
+#: fingerprints (and with them the gate) see the change.
+RULES_VERSION = "local-rules-v3"
+
+_ABSTAIN = re.compile(
+    r"\b(i (?:do not|don't|cannot|can't|am unable to|am not able to) (?:know|answer|find|say|tell|help)"
+    r"|(?:do(?:es)?n[o']t|not) (?:say|mention|contain|specify|provide|include|cover|state)"
+    r"|no (?:relevant )?information|not (?:enough|sufficient) (?:information|context)"
+    r"|(?:cannot|can't|unable to) (?:be )?(?:answer|determine|find|tell)"
+    r"|unknown|no answer|not (?:available|documented) in)\b",
+    re.I,
+)
+_ABSTAIN_PROTOTYPES = (
+    "I don't know.",
+    "I cannot answer this question from the provided context.",
+    "The documents do not contain this information.",
+    "There is not enough information to answer.",
+)
+
+
+def _stable(value: float) -> float:
+    """Round to 1e-6. A text's embedding moves in the 7th digit with the batch it is encoded
+    in (padding changes the kernels' summation order); rounding keeps scores and threshold
+    decisions the same whether a row is judged alone (genai scorers) or in a batch."""
+    return round(float(value), 6)
+
+
+@dataclass(frozen=True)
+class LocalJudgeSettings:
+    """The local judge's thresholds: its saved spec, part of its fingerprint."""
+
+    model: str = "minilm-l6"
+    #: the support model's JSON file; empty: the one shipped with the package
+    support_model: str = ""
+    #: a claim is supported when its support probability reaches this; None: the model's own
+    support_threshold: float | None = None
+    #: a passage is relevant to a question when their cosine reaches this
+    relevance_threshold: float = 0.35
+    #: an answer abstains when its cosine to an abstention prototype reaches this
+    abstention_threshold: float = 0.75
+
+
+_F = {name: i for i, name in enumerate(FEATURES)}
+
+
+def _support_reason(supported: bool, score: float, threshold: float, x: np.ndarray, source: int) -> str:
+    """Why: the support probability and the features a person can check."""
+    missing = [f"{int(x[_F[f]])} {what}" for f, what in
+               (("missing_numbers", "number(s)"), ("missing_names", "name(s)"), ("missing_dates", "date word(s)"))
+               if x[_F[f]] > 0]
+    return (
+        f"{'supported' if supported else 'unsupported'}: support {score:.2f} (threshold {threshold:.2f}; "
+        f"cosine {x[_F['cosine_best']]:.2f} to context {source}, {x[_F['coverage']]:.0%} of content words found"
+        + (f", not in context: {', '.join(missing)}" if missing else "")
+        + (", negation differs" if x[_F["negation_mismatch"]] else "")
+        + ")"
+    )
+
+
+class LocalJudge(Judge):
+    """MiniLM-based judge, the default when no judge is named. Name: ``local:minilm-l6``."""
+
+    capabilities = frozenset(
+        {"extract_claims", "verify", "extract_and_verify", "rate_relevance", "similarity",
+         "is_abstention"}
+    )
+
+    def __init__(self, settings: LocalJudgeSettings | None = None, **overrides):
+        # Overrides apply on top of the given settings (never silently dropped).
+        self.settings = dataclasses.replace(settings, **overrides) if settings else LocalJudgeSettings(**overrides)
+        self.embedder = Embedder(self.settings.model)
+        self.support_model = load_support_model(self.settings.support_model or None)
+        self.calls = 0
+        self._info: JudgeInfo | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    def info(self) -> JudgeInfo:
+        if self._info is None:
+            files_sha = self.embedder.files_sha256
+            params = asdict(self.settings)
+            # The support model counts by content, not by where its file lies.
+            params["support_model_sha256"] = self.support_model.sha256[:16]
+            blob = json.dumps(
+                {"kind": "local", "rules": RULES_VERSION, "files": files_sha,
+                 "params": {k: v for k, v in params.items() if k != "support_model"}},
+                sort_keys=True,
+            )
+            short = self.settings.support_model or self.settings.model.split("/")[-1]
+            self._info = JudgeInfo(
+                name=f"local:{short}",
+                kind="local",
+                model=self.embedder.path,
+                fingerprint=hashlib.sha256(blob.encode()).hexdigest()[:16],
+                prompts_version=RULES_VERSION,
+                params=params,
+                model_files_sha256=files_sha,
+            )
+        return self._info
+
+    def usage(self) -> dict:
+        return {"embedding_batches": self.calls}
+
+    # -- primitives -----------------------------------------------------------------------
+    def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
+        """Claims are the sentences that state something: abstentions and questions dropped."""
+        out = []
+        for text in texts:
+            claims = [
+                s
+                for s in split_sentences(strip_citations(text))
+                if not s.rstrip().endswith("?") and not _ABSTAIN.search(s) and content_tokens(s)
+            ]
+            out.append(claims)
+        return out
+
+    @property
+    def support_threshold(self) -> float:
+        """Support probability at which a claim counts as supported."""
+        t = self.settings.support_threshold
+        return self.support_model.threshold if t is None else t
+
+    def verify(self, items: Sequence[VerifyItem]) -> list[Outcome[list[Verdict]]]:
+        """Each claim's support probability from the support model, against the best-matching
+        sentence (or pair of adjacent sentences) of the passages."""
+        units_per_item = [Premise.units_of(item.passages) for item in items]
+        texts = [c for item in items for c in item.claims] + [
+            u for units, _ in units_per_item for u, _ in units
+        ]
+        vectors = self.embedder.encode(texts) if texts else np.zeros((0, 1), np.float32)
+        self.calls += 1
+        n_claims = sum(len(item.claims) for item in items)
+        claim_vecs, unit_vecs = vectors[:n_claims], vectors[n_claims:]
+        features: list[np.ndarray] = []
+        located: list[tuple[Premise, int, np.ndarray]] = []  # per claim: premise, best unit, features
+        ci = ui = 0
+        for item, (units, n_sentences) in zip(items, units_per_item):
+            premise = Premise.build(item.passages, units, n_sentences, unit_vecs[ui : ui + len(units)])
+            ui += len(units)
+            for k in range(len(item.claims)):
+                if units:
+                    x, best = claim_features(item.claims[k], claim_vecs[ci + k], premise)
+                    features.append(x)
+                    located.append((premise, best, x))
+            ci += len(item.claims)
+        probs = iter(self.support_model.predict(np.array(features)) if features else ())
+        where = iter(located)
+        threshold = self.support_threshold
+        out: list[Outcome[list[Verdict]]] = []
+        for item, (units, _) in zip(items, units_per_item):
+            verdicts = []
+            for claim in item.claims:
+                if not units:
+                    verdicts.append(Verdict(False, "no context to support it", score=0.0))
+                    continue
+                score = _stable(next(probs))
+                premise, best, x = next(where)
+                supported = score >= threshold
+                evidence, source = premise.units[best]
+                verdicts.append(Verdict(supported, _support_reason(supported, score, threshold, x, source),
+                                        evidence=evidence, score=score, source_index=source))
+            out.append(verdicts)
+        return out
+
+    def rate_relevance(self, items: Sequence[RelevanceItem]) -> list[Outcome[list[Verdict]]]:
+        """Cosine of the question (or the reference, when given and closer) to each passage."""
+        threshold = self.settings.relevance_threshold
+        queries = [item.question for item in items]
+        refs = [item.reference or "" for item in items]
+        passages = [p for item in items for p in item.passages]
+        vectors = self.embedder.encode(queries + refs + passages) if items else None
+        self.calls += 1
+        n = len(items)
+        out: list[Outcome[list[Verdict]]] = []
+        offset = 2 * n
+        for i, item in enumerate(items):
+            pv = vectors[offset : offset + len(item.passages)]
+            offset += len(item.passages)
+            cos = pv @ vectors[i] if len(pv) else np.zeros(0)
+            if item.reference:
+                cos = np.maximum(cos, pv @ vectors[n + i])
+            verdicts = []
+            for j, c in enumerate(cos):
+                c = _stable(max(c, 0.0))
+                relevant = c >= threshold
+                verdicts.append(
+                    Verdict(
+                        relevant,
+                        f"{'relevant' if relevant else 'not relevant'}: cosine {c:.2f} "
+                        f"(threshold {threshold:.2f})",
+                        score=c,
+                        source_index=j,
+                    )
+                )
+            out.append(verdicts)
+        return out
+
+    def similarity(self, pairs: Sequence[tuple[str, str]]) -> list[Outcome[float]]:
+        """Cosine similarity, clipped at 0 (MiniLM rarely goes below; negative means unrelated)."""
+        if not pairs:
+            return []
+        vectors = self.embedder.encode([a for a, _ in pairs] + [b for _, b in pairs])
+        self.calls += 1
+        n = len(pairs)
+        cos = np.einsum("ij,ij->i", vectors[:n], vectors[n:])
+        return [_stable(max(c, 0.0)) for c in cos]
+
+    def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:
+        """Fixed abstention phrases, or a short answer close to an abstention prototype."""
+        answers = [answer for _, answer in items]
+        vectors = self.embedder.encode(list(_ABSTAIN_PROTOTYPES) + answers) if items else None
+        self.calls += 1
+        protos = vectors[: len(_ABSTAIN_PROTOTYPES)] if items else None
+        out: list[Outcome[Verdict]] = []
+        for k, answer in enumerate(answers):
+            if not answer.strip():
+                out.append(Verdict(True, "empty answer", score=1.0))
+                continue
+            match = _ABSTAIN.search(answer)
+            closeness = _stable(np.max(protos @ vectors[len(_ABSTAIN_PROTOTYPES) + k]))
+            short = len(content_tokens(answer)) <= 12
+            if match:
+                out.append(Verdict(True, f"abstains: says {match.group(0)!r}", evidence=match.group(0), score=1.0))
+            elif short and closeness >= self.settings.abstention_threshold:
+                out.append(Verdict(True, f"abstains: close to an abstention (cosine {closeness:.2f})", score=closeness))
+            else:
+                out.append(Verdict(False, f"answers (abstention cosine {closeness:.2f})", score=closeness))
+        return out
+
+
+#: The settings a ``local:`` judge name (and ``get_judge``'s keywords) may set: the thresholds.
+_THRESHOLDS = tuple(f.name for f in dataclasses.fields(LocalJudgeSettings) if f.name.endswith("_threshold"))
+
+
+def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> LocalJudge:
+    """The ``build`` of the ``local`` scheme: ``options`` are thresholds, as in the name (a
+    keyword overrides the name's value)."""
+    unknown = sorted(set(options) - set(_THRESHOLDS))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for judge {name!r}; allowed: {sorted(_THRESHOLDS)} "
+            "(LLM settings such as timeout or temperature do not apply to the local judge)"
+        )
+    return LocalJudge(settings, **options)
+
+
+@register_judge_provider("local", build=_local_judge)
+def parse_local_target(spec: str) -> LocalJudgeSettings:
+    """Settings from a judge name: ``local:minilm-l6`` (the default), ``local:<model folder>``,
+    ``local:<support model>.json``.
+
+    The target is a packaged model's short name, a sentence-transformers model folder (kept as
+    written: ``local:/abs/path`` is absolute), or a support model JSON file written by
+    ``mlflow-rag-eval train-local-judge`` (with the packaged embedding model). Options, as a
+    query string: the thresholds ``support_threshold`` (default: the support model's own),
+    ``relevance_threshold`` and ``abstention_threshold``, e.g.
+    ``local:minilm-l6?support_threshold=0.7``.
+    """
+    model, options = split_judge_name(spec, "local", {k: as_float for k in _THRESHOLDS}, strip_slash=False)
+    if model.endswith(".json"):  # a support model trained with train-local-judge
+        return LocalJudgeSettings(support_model=model, **options)
+    return LocalJudgeSettings(model=model or "minilm-l6", **options)

@@ -1,0 +1,397 @@
+"""Scorers for ``mlflow.genai.evaluate``: one per metric, the same names and values.
+
+    mlflow.genai.evaluate(data=rows, predict_fn=my_rag, scorers=rag_scorers(["faithfulness",
+                          "context_recall", "ndcg@10"], judge="local:minilm-l6"))
+
+Each scorer reads ``inputs`` (``{"question": ...}``), ``outputs`` (a string answer, or
+``{"answer": ..., "contexts": [...]}``) and ``expectations`` (``reference`` or
+``expected_response``, ``relevant_ids``, ``answerable``, ``reference_contexts``). Contexts come
+from ``outputs["contexts"]`` or, failing that, from the trace's RETRIEVER spans (their
+documents' ``page_content`` and ``id`` / ``metadata.doc_uri``), in span order.
+
+It returns the same ``Feedback`` the ``rag`` evaluator puts on a row's trace
+(:func:`~mlflow_rag_eval.tracking.traces.row_feedback`): the value, the
+justification as rationale, compact evidence in metadata, ``error`` when the judge could not
+decide, source LLM_JUDGE (the judge's name) or CODE. Aggregations match the ``rag``
+evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/ci_low``,
+``/ci_high``.
+
+Inside ``mlflow.genai.evaluate`` the scorers also collect their rows, and when MLflow
+aggregates them (after every row is scored) the run gets what a ``rag`` evaluator run holds:
+``rag_eval.*`` params and tags, ``/n_error`` metrics, the table with each row's trace id, the
+lineage, worst rows and report (:mod:`~mlflow_rag_eval.tracking.run_logging`), so
+``compare`` and the gate accept the run. MLflow aggregates only metrics with at least one
+value: if every row of every rag metric failed, the run holds the per-row errors on its
+traces and MLflow's failure summary, but no ``rag_eval`` contents.
+
+``rag_scorers(..., slice_by=[...])`` slices the run (:mod:`mlflow_rag_eval.evaluation.slices`) by keys of
+the data rows' ``tags`` (``{"inputs": ..., "tags": {"difficulty": "hard"}}``), which MLflow
+puts on each row's trace: they are read from the stored traces when the run's contents are
+written, after every row is scored. A row without the tag is in no slice of it. A field no row
+has is reported as an error and the run is written without slices (MLflow would swallow the
+exception, and the run's other contents would be lost with it), so a gate's per-slice limit
+then fails on the missing slices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlflow.entities import Feedback
+from mlflow.genai.scorers import Scorer
+from pydantic import PrivateAttr
+
+from mlflow_rag_eval.evaluation.engine import run_metric
+from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
+from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
+from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
+from mlflow_rag_eval.metrics import Metric
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest, records_from_frame
+from mlflow_rag_eval.results import MetricResult, RowResult, summarize
+from mlflow_rag_eval.tracking.traces import EXPECTATION_FIELDS, row_feedback
+
+_logger = logging.getLogger(__name__)
+
+__all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
+
+
+#: the statistics MLflow aggregates from the scorers' values; the CI bounds are written with the
+#: run's other rag_eval contents instead, since a CI that cannot be computed (one row, all rows
+#: equal) is left out, and MLflow would log a None
+_STATS = ("mean", "median", "p10", "n_scored")
+
+
+def _aggregation(stat: str, metric_key: str):
+    """One of the rag evaluator's statistics over the values MLflow collected. The first call
+    in an evaluation (every row is scored by then) writes the run's rag_eval contents."""
+
+    def aggregate(values: list[float]) -> float | None:
+        _flush_current_run()
+        summary = summarize([RowResult.scored(v) for v in values])
+        return getattr(summary, stat)
+
+    aggregate.__name__ = stat  # MLflow names each metric `<scorer>/<function name>`
+    aggregate.__qualname__ = f"{metric_key}/{stat}"
+    return aggregate
+
+
+def contexts_from_trace(trace) -> list[dict[str, Any]] | None:
+    """The documents of the trace's RETRIEVER spans, in order, as ``{"id", "text"}``; None
+    when there is no trace or it has no RETRIEVER span (nothing says what was retrieved)."""
+    if trace is None:
+        return None
+    from mlflow.entities import SpanType
+
+    spans = trace.search_spans(span_type=SpanType.RETRIEVER)
+    if not spans:
+        return None
+    out = []
+    for span in spans:
+        for doc in span.outputs or []:
+            if isinstance(doc, str):
+                out.append({"text": doc})
+                continue
+            meta = doc.get("metadata") or {}
+            text = doc.get("page_content", doc.get("text", doc.get("content", "")))
+            doc_id = doc.get("id") or meta.get("doc_uri") or meta.get("id")
+            item = {"text": text, "id": doc_id} if doc_id is not None else {"text": text}
+            parent = doc.get("parent_id") or meta.get("parent_id")
+            if parent is not None:  # the document a chunk belongs to (parent-grain metrics)
+                item["parent_id"] = parent
+            out.append(item)
+    return out
+
+
+def _record_frame(inputs, outputs, expectations, trace):
+    inputs = inputs if isinstance(inputs, Mapping) else {"question": inputs}
+    question = inputs.get("question")
+    if question is None and len(inputs) == 1:
+        question = next(iter(inputs.values()))
+    if isinstance(outputs, Mapping):
+        answer = outputs.get("answer", outputs.get("response"))
+        contexts = outputs.get("contexts")
+    else:
+        answer, contexts = outputs, None
+    if contexts is None:
+        contexts = contexts_from_trace(trace)
+    expectations = dict(expectations or {})
+    row = {"question": question, "answer": answer, "contexts": contexts if contexts is not None else []}
+    reference = expectations.get("reference", expectations.get("expected_response"))
+    for key, value in (("reference", reference), ("relevant_ids", expectations.get("relevant_ids")),
+                       ("answerable", expectations.get("answerable")),
+                       ("reference_contexts", expectations.get("reference_contexts"))):
+        if value is not None:
+            row[key] = value
+    import pandas as pd
+
+    return pd.DataFrame([row]), contexts is not None
+
+
+class RagScorer(Scorer):
+    """A genai Scorer computing one registered metric with one judge."""
+
+    _metric: Metric = PrivateAttr()
+    _judge: Judge | None = PrivateAttr(default=None)
+    _position: int = PrivateAttr(default=0)
+    #: keys of the rows' tags the run is sliced by
+    _slice_by: tuple[str, ...] = PrivateAttr(default=())
+
+    def __init__(self, metric: Metric, judge: Judge | None, **kwargs):
+        super().__init__(name=metric.key, aggregations=[_aggregation(s, metric.key) for s in _STATS],
+                         description=(type(metric).__doc__ or "").strip().split("\n")[0], **kwargs)
+        self._metric = metric
+        self._judge = judge
+        self._position = next(_SCORER_ORDER)
+
+    def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None) -> Feedback | None:
+        """The row's Feedback; None (no assessment) when the metric does not apply to the row."""
+        metric, judge = self._metric, self._judge
+        start = time.perf_counter()
+        record, fields = None, {"answer", "contexts"}
+        try:
+            frame, has_contexts = _record_frame(inputs, outputs, expectations, trace)
+            fields |= {c for c in EXPECTATION_FIELDS if c in frame}
+            (record,) = records_from_frame(frame, ColumnMapping())
+            missing = [f for f in metric.requires if f not in fields]
+            if "contexts" in metric.requires and not has_contexts:
+                # Nothing says what was retrieved: scoring it as "retrieved nothing" would be a
+                # made-up 0, so the row fails, saying where contexts are read from.
+                row = RowResult.failed("NoContexts: the outputs have no 'contexts' and the trace no RETRIEVER span")
+            elif missing:
+                row = RowResult.not_applicable(f"no {missing[0]} in the expectations")
+            else:
+                if judge is not None:
+                    judge.require(*metric.primitives, metric=metric.display_name)
+                metric.validate([record], ColumnMapping())
+                (row,) = run_metric(metric, [record], judge)
+        except RecordError as exc:  # the row is the trace: its position in a one-row frame means nothing
+            row = RowResult.failed(f"RecordError: column {exc.column!r}: {exc.reason}")
+        except JudgeUnreachable as exc:
+            # The engine stops on it; MLflow's harness cannot be stopped by a scorer (it turns a
+            # raised exception into that row's error itself), so every row names it, and the judge,
+            # declared unreachable, fails the later rows at once without a call.
+            row = RowResult.failed(f"JudgeUnreachable: {exc}")
+        except Exception as exc:  # one row's bad input is that row's named error
+            row = RowResult.failed(f"{type(exc).__name__}: {exc}")
+        result = MetricResult(name=metric.display_name, spec=metric.spec(), rows=(row,),
+                              greater_is_better=metric.greater_is_better, judged=judge is not None)
+        info = judge.info() if judge is not None else None
+        _collect(self, trace, inputs, outputs, record, fields, result, info, time.perf_counter() - start)
+        return row_feedback(result, row, judge=info)
+
+
+# --------------------------------------------------------------------------- run contents
+
+_SCORER_ORDER = itertools.count()
+_RUNS_LOCK = threading.Lock()
+#: rows collected per evaluation run, until MLflow aggregates them (then written and dropped)
+_RUNS: dict[str, _RunRows] = {}
+_MAX_OPEN_RUNS = 16
+#: run tag set when rows evaluated by the scorers are missing from the tracking store
+LOST_ROWS_TAG = "rag_eval.rows_lost"
+
+
+@dataclass
+class _RunRows:
+    """What one ``mlflow.genai.evaluate`` run's rag scorers computed, row by row."""
+
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # trace id -> row
+    metrics: dict[str, tuple[int, MetricResult, JudgeInfo | None]] = field(default_factory=dict)
+    judges: dict[str, Judge] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: scorer calls MLflow made without a trace: MLflow failed to store the row's trace
+    traceless: int = 0
+    #: the fields the scorers slice by (keys of the rows' tags)
+    slice_by: tuple[str, ...] = ()
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _current_run_id() -> str | None:
+    from mlflow.genai.evaluation.context import context_is_active, get_context
+
+    return get_context().get_mlflow_run_id() if context_is_active() else None
+
+
+def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None, fields: set[str],
+             result: MetricResult, judge: JudgeInfo | None, seconds: float) -> None:
+    run_id = _current_run_id()
+    if run_id is None:
+        return  # called outside an evaluation: nothing to write
+    with _RUNS_LOCK:
+        run = _RUNS.get(run_id)
+        if run is None:
+            while len(_RUNS) >= _MAX_OPEN_RUNS:  # runs MLflow never aggregated (all rows failed)
+                _RUNS.pop(next(iter(_RUNS)))
+            run = _RUNS[run_id] = _RunRows()
+    if trace is None:  # MLflow could not store this row's trace (e.g. its sqlite pool ran dry)
+        with run.lock:
+            run.traceless += 1
+        return
+    if record is None:  # the row's input was unusable: keep it, with what can be shown
+        question = inputs.get("question") if isinstance(inputs, Mapping) else inputs
+        record = RagRecord(question=str(question if question is not None else ""),
+                           answer=str(outputs.get("answer") if isinstance(outputs, Mapping) else outputs or ""))
+    info = trace.info
+    with run.lock:
+        row = run.rows.setdefault(info.trace_id, {
+            "order": (info.request_time or 0, info.trace_id), "record": record, "fields": set(),
+            "model_id": (info.trace_metadata or {}).get("mlflow.modelId"), "results": {},
+        })
+        row["fields"] |= fields
+        row["results"][result.name] = result.rows[0]
+        run.metrics.setdefault(result.name, (scorer._position, result, judge))
+        run.slice_by = tuple(dict.fromkeys((*run.slice_by, *scorer._slice_by)))
+        if scorer._judge is not None:
+            run.judges.setdefault(judge.fingerprint, scorer._judge)
+        run.seconds[result.name] = run.seconds.get(result.name, 0.0) + seconds
+
+
+def _flush_current_run() -> None:
+    run_id = _current_run_id()
+    if run_id is None:
+        return
+    with _RUNS_LOCK:
+        run = _RUNS.pop(run_id, None)
+    if run is None:
+        return  # written already (by another metric's first aggregation), or nothing collected
+    try:
+        _write(run_id, run)
+    except Exception:  # MLflow would swallow it as a failed aggregation: say it here
+        _logger.exception("could not write the rag_eval contents of run %s", run_id)
+
+
+def _write(run_id: str, run: _RunRows) -> None:
+    from mlflow import MlflowClient
+
+    from mlflow_rag_eval.evaluation.engine import no_judge
+    from mlflow_rag_eval.evaluation.result import EvaluationResult
+    from mlflow_rag_eval.tracking.run_logging import announce, assert_run_is_fresh, log_run_contents
+
+    client = MlflowClient()
+    try:
+        assert_run_is_fresh(client, run_id)
+    except ValueError as exc:
+        _logger.warning("%s", exc)
+        return
+    rows = sorted(run.rows.values(), key=lambda r: r["order"])
+    trace_ids = [r["order"][1] for r in rows]
+    records = [r["record"] for r in rows]
+    metrics = []
+    for _, result, _judge in sorted(run.metrics.values(), key=lambda m: m[0]):
+        missing = RowResult.failed("ScorerError: the scorer returned no result for this row")
+        metrics.append(dataclasses.replace(
+            result, rows=tuple(r["results"].get(result.name, missing) for r in rows)))
+    judges = [j for _, m, j in run.metrics.values() if m.judged and j is not None]
+    if len({j.fingerprint for j in judges}) > 1:
+        _logger.warning("run %s: the rag scorers used %d different judges; the run records the first",
+                        run_id, len({j.fingerprint for j in judges}))
+    judge_info = judges[0] if judges else no_judge()
+    judge = run.judges.get(judge_info.fingerprint)
+    fields = set().union(*(r["fields"] for r in rows)) if rows else set()
+    stored = _stored_traces(client, run_id)
+    records, slice_by = _with_slice_tags(run_id, records, trace_ids, stored, run.slice_by)
+    result = EvaluationResult(
+        records=records, metrics=metrics, judge=judge_info, dataset_digest=dataset_digest(records),
+        timings=dict(run.seconds), judge_usage=judge.usage() if judge is not None else {},
+        fields=frozenset(fields),
+    )
+    # MLflow logs the statistics it aggregated itself; only the others are written here.
+    logged_by_mlflow = frozenset(
+        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 for stat in _STATS
+    )
+    model_ids = {r["model_id"] for r in rows if r["model_id"]}
+    tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}
+    lost = _lost_rows(stored, result, trace_ids, traceless=run.traceless // max(len(metrics), 1))
+    if lost:
+        tags[LOST_ROWS_TAG] = str(lost)
+    log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow,
+                     slice_by=slice_by)
+    announce(result)
+    if lost:
+        _logger.error(
+            "run %s: %d evaluated row(s) are not in the tracking store with their assessments (MLflow "
+            "failed to store their traces or Feedback): its aggregates cover fewer rows than were "
+            "evaluated. The run is tagged %s; re-run the evaluation (with MLFLOW_GENAI_EVAL_MAX_WORKERS=4 "
+            "on a sqlite store).", run_id, lost, LOST_ROWS_TAG,
+        )
+
+
+def _stored_traces(client, run_id: str) -> dict[str, Any]:
+    """The run's traces as the store holds them (trace id -> TraceInfo, without spans)."""
+    run = client.get_run(run_id)
+    stored: dict[str, Any] = {}
+    token = None
+    while True:
+        page = client.search_traces(locations=[run.info.experiment_id], run_id=run_id, include_spans=False,
+                                    max_results=500, page_token=token)
+        for trace in page:
+            stored[trace.info.trace_id] = trace.info
+        token = page.token
+        if not token:
+            break
+    return stored
+
+
+def _with_slice_tags(run_id: str, records: list[RagRecord], trace_ids: list[str], stored: dict[str, Any],
+                     slice_by: tuple[str, ...]) -> tuple[list[RagRecord], tuple[str, ...]]:
+    """The records with their rows' tags named in ``slice_by`` in their metadata, and the
+    fields to slice by: none when a field is unusable (said loudly; see the module docstring)."""
+    if not slice_by:
+        return records, ()
+    out = []
+    for record, trace_id in zip(records, trace_ids):
+        info = stored.get(trace_id)
+        tags = dict(info.tags or {}) if info is not None else {}
+        out.append(dataclasses.replace(record, metadata={**record.metadata,
+                                                         **{f: tags[f] for f in slice_by if f in tags}}))
+    try:
+        slice_members(out, slice_by)
+    except ValueError as exc:  # RecordError is one too
+        _logger.error("run %s: cannot slice by %s: %s; the run is written without slices", run_id,
+                      json.dumps(list(slice_by)), exc)
+        return records, ()
+    return out, slice_by
+
+
+def _lost_rows(stored: dict[str, Any], result, trace_ids: list[str], *, traceless: int) -> int:
+    """Rows whose trace or Feedback did not reach the store: the scorers saw no trace, or the
+    stored trace lacks a Feedback a metric returned for it."""
+    lost = traceless
+    for i, trace_id in enumerate(trace_ids):
+        expected = {m.key for m in result.metrics if m.rows[i].status != "skipped"}
+        names = {a.name for a in stored[trace_id].assessments or []} if trace_id in stored else None
+        if names is None or not expected <= names:
+            lost += 1
+    return lost
+
+
+def rag_scorer(metric: str | Metric, judge: str | Judge | None = None, *,
+               slice_by: list[str] | None = None) -> RagScorer:
+    """A genai scorer for any registered metric (``faithfulness``, ``ndcg@10``, a rubric...)."""
+    (scorer,) = rag_scorers([metric], judge, slice_by=slice_by)
+    return scorer
+
+
+def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
+                slice_by: list[str] | None = None) -> list[RagScorer]:
+    """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
+    as on every route: an unknown name, a missing extra or a metric the judge cannot perform
+    is refused now, not turned into an error on every row.
+
+    Args:
+        slice_by: keys of the data rows' ``tags`` to slice the run by (see the module docstring).
+    """
+    slice_by = check_slice_by(slice_by, "slice_by")
+    suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
+    scorers = [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]
+    for scorer in scorers:
+        scorer._slice_by = slice_by
+    return scorers

@@ -1,0 +1,89 @@
+"""The metric runner owns failures: a metric that raises fails its rows with the traceback kept,
+a NaN is an error and never "not applicable", nothing is cached across calls, and every route
+checks metrics (names, extras, the judge's capabilities) when they are named."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+from mlflow_rag_eval.evaluation.engine import evaluate_records
+from mlflow_rag_eval.judges.base import JudgeCapabilityError
+from mlflow_rag_eval.metrics import register_metric, resolve_metric
+from mlflow_rag_eval.metrics.base import Metric
+from mlflow_rag_eval.metrics.rubric import rubric
+from mlflow_rag_eval.records import Context, RagRecord
+
+
+def record(question: str, retrieved: list[str], relevant: dict[str, float] | None) -> RagRecord:
+    return RagRecord(question=question, answer="a", contexts=tuple(Context(text=i, id=i) for i in retrieved),
+                     relevant_ids=relevant)
+
+
+def test_retrieval_values_are_never_reused_from_an_earlier_call():
+    """hit@1 on the same list object, after one of its records changed, is the new value (a
+    module-level cache keyed on the list's identity once gave the stale one)."""
+    metric = resolve_metric("hit@1")
+    records = [record("q0", ["d1", "d2"], {"d1": 1}), record("q1", ["d3"], {"d3": 1})]
+    assert [r.value for r in metric.compute(records, None)] == [1.0, 1.0]
+    records[0] = record("q0", ["d2", "d1"], {"d1": 1})
+    assert [r.value for r in metric.compute(records, None)] == [0.0, 1.0]
+    # Inside one evaluation the suite's retrieval metrics still share one build per batch.
+    result = evaluate_records(records, ["hit@1", "mrr", "ndcg@10"], progress=False)
+    assert [r.value for r in result.metrics[0].rows] == [0.0, 1.0]
+
+
+def test_a_nan_from_a_retrieval_kernel_is_an_error_not_a_skipped_row(monkeypatch):
+    metric = resolve_metric("mrr")
+    monkeypatch.setattr(type(metric), "kernel", lambda self, rr: np.full(rr.gains.shape[0], np.nan))
+    rows = metric.compute([record("q", ["d1"], {"d1": 1}), record("q2", ["d1"], None)], None)
+    assert rows[0].status == "error" and rows[0].error_kind == "NonFiniteScore"
+    assert rows[1].status == "skipped"  # no relevant ids: not applicable, as before
+
+
+@register_metric
+@dataclasses.dataclass(frozen=True)
+class _Exploding(Metric):
+    """A metric with a bug."""
+
+    name = "exploding_for_tests"
+
+    def compute(self, records, judge=None):
+        return [{"not": "a row"}[row.question] for row in records]  # KeyError
+
+
+def test_a_metric_that_raises_fails_its_rows_with_kind_message_and_traceback():
+    records = [record("q0", ["d1"], {"d1": 1}), record("q1", ["d1"], {"d1": 1})]
+    result = evaluate_records(records, ["exploding_for_tests", "hit@1"], progress=False)
+    failed, fine = result.metrics
+    assert [r.error_kind for r in failed.rows] == ["MetricError", "MetricError"]
+    assert failed.rows[0].error_message == "KeyError: 'q0'"
+    assert "in compute" in failed.rows[0].traceback and "KeyError" in failed.rows[0].traceback
+    assert [r.value for r in fine.rows] == [1.0, 1.0]  # the other metric is untouched
+    table = result.table()
+    assert table["exploding_for_tests/error"].tolist() == ["MetricError: KeyError: 'q0'"] * 2
+    assert "KeyError" in table["exploding_for_tests/traceback"][0]
+    assert "hit_at_1/traceback" not in table  # only where a metric raised
+
+
+def test_every_route_refuses_a_metric_the_judge_cannot_perform_when_it_is_named(local_judge):
+    from mlflow_rag_eval import rag_metrics, rag_scorers
+    from mlflow_rag_eval.routes.scorers import rag_scorer
+
+    concise = rubric("concise", criteria="The answer is short.", steps=["Count the sentences."])
+    for make in (lambda: rag_scorers([concise], local_judge), lambda: rag_scorer(concise, local_judge),
+                 lambda: rag_metrics([concise], local_judge)):
+        with pytest.raises(JudgeCapabilityError, match="'concise' needs"):
+            make()
+    with pytest.raises(ValueError, match="a list of metric names"):
+        rag_scorers("faithfulness", local_judge)
+    assert [s.name for s in rag_scorers(["faithfulness", "ndcg@10"], local_judge)] == ["faithfulness", "ndcg_at_10"]
+
+
+def test_a_missing_extra_is_refused_when_the_metric_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ragas", None)  # what an uninstalled package looks like to import
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'mlflow-rag-eval\[ragas\]'"):
+        resolve_metric("ragas:faithfulness")

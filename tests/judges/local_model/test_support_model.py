@@ -1,0 +1,111 @@
+"""The local judge's learned support model: features, the JSON file, retraining, naming a model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT  # noqa: E402
+
+from mlflow_rag_eval.cli import main
+from mlflow_rag_eval.evaluation.engine import evaluate_records
+from mlflow_rag_eval.judges import get_judge
+from mlflow_rag_eval.judges.base import VerifyItem
+from mlflow_rag_eval.judges.local_model.support_model import SupportModel, default_model_path, load_support_model
+from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
+from mlflow_rag_eval.records import Context, RagRecord
+
+CORPUS = ROOT / "examples" / "rag_pipeline" / "data" / "corpus.jsonl"
+PAIRS = [ROOT / "training_data" / "summedits_dev.jsonl.gz", ROOT / "training_data" / "northwind_pairs.jsonl"]
+PASSAGE = ("Northwind Rail was founded in 1994 as Northwind Regional Railways. The company adopted the name "
+           "Northwind Rail in 2003. Its head office is in Hull.")
+
+
+def test_the_shipped_model_is_what_make_support_model_rebuilds():
+    """Retrain from the repository's own data (the Makefile's command) and compare."""
+    shipped = load_support_model()
+    retrained = train_support_model(load_corpus(CORPUS), [p for f in PAIRS for p in load_pairs(f)], seed=0)
+    assert retrained.training == shipped.training  # same inputs, digests and settings
+    # embeddings may move in the 7th digit across CPUs; coefficients follow within far less than 1e-3
+    np.testing.assert_allclose(retrained.coef, shipped.coef, atol=1e-3)
+    np.testing.assert_allclose(retrained.mean, shipped.mean, atol=1e-4)
+    assert retrained.intercept == pytest.approx(shipped.intercept, abs=1e-3)
+    assert retrained.threshold == pytest.approx(shipped.threshold, abs=0.01)
+
+
+def test_model_json_round_trips_and_refuses_other_features(tmp_path):
+    model = load_support_model()
+    again = SupportModel.from_json(model.to_json())
+    assert again == model and again.sha256 == model.sha256
+    data = json.loads(model.to_json())
+    data["features"] = data["features"][:-1] + ["something_else"]
+    with pytest.raises(ValueError, match=r"missing \['log_length'\], unknown \['something_else'\].*retrain"):
+        SupportModel.from_json(json.dumps(data))
+    with pytest.raises(FileNotFoundError, match="train-local-judge"):
+        load_support_model(tmp_path / "nope.json")
+    assert default_model_path().name == "support_model.json"
+
+
+def test_support_is_a_probability_that_ranks_corruptions_below_the_sentence(local_judge):
+    claims = [
+        "The company adopted the name Northwind Rail in 2003.",  # the passage's own sentence
+        "The company adopted the name Northwind Rail in 2011.",  # number changed
+        "Its head office is in Leeds.",  # name swapped
+        "Bikes travel free on every train.",  # from nowhere
+    ]
+    (verdicts,) = local_judge.verify([VerifyItem(passages=[PASSAGE], claims=claims)])
+    scores = [v.score for v in verdicts]
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    assert scores[0] > max(scores[1:]) and verdicts[0].value and not verdicts[3].value
+    assert "not in context: 1 number(s)" in verdicts[1].reason
+    assert "not in context: 1 name(s)" in verdicts[2].reason
+    assert f"threshold {local_judge.support_threshold:.2f}" in verdicts[0].reason
+    assert local_judge.support_threshold == load_support_model().threshold
+
+
+def test_faithfulness_rows_carry_the_weakest_claims_support(local_judge):
+    records = [
+        RagRecord(question="q", answer="The company adopted the name Northwind Rail in 2003.",
+                  contexts=(Context(PASSAGE),)),
+        RagRecord(question="q", answer="The company adopted the name Northwind Rail in 2003. Its head office is in Leeds.",
+                  contexts=(Context(PASSAGE),)),
+    ]
+    result = evaluate_records(records, ["faithfulness"], local_judge)
+    (metric,) = result.metrics
+    first, second = metric.rows
+    claims = second.details["claims"]
+    assert second.details["support"] == min(c["score"] for c in claims)
+    assert first.details["support"] > second.details["support"]
+    assert "(support " in second.justification
+    table = result.table()
+    assert list(table["faithfulness/support"]) == [first.details["support"], second.details["support"]]
+
+
+def test_a_trained_model_is_named_by_its_path(tmp_path, local_judge):
+    out = tmp_path / "mine.json"
+    corpus = tmp_path / "passages.txt"
+    corpus.write_text(PASSAGE + "\n\nIn March the company ordered 12 trains from Alstom, which were delivered "
+                      "to Leeds on a Friday. The trains were not new.\n")
+    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(corpus), "--seed", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"judge name local:{out}" in result.output
+    model = SupportModel.from_json(out.read_text())
+    assert model.training["n_pairs"] == 0 and model.training["seed"] == 1
+    assert model.training["threshold_rule"] == "max balanced accuracy on the training claims"
+    judge = get_judge(f"local:{out}")
+    assert judge.info().name == f"local:{out}"
+    assert judge.support_model == model
+    assert judge.info().fingerprint != local_judge.info().fingerprint
+    assert judge.info().params["support_model_sha256"] == model.sha256[:16]
+
+
+def test_train_local_judge_needs_inputs(tmp_path):
+    result = CliRunner().invoke(main, ["train-local-judge", "--out", str(tmp_path / "m.json")])
+    assert result.exit_code == 2 and "give --corpus and/or --labels" in result.output
+    empty = tmp_path / "empty.txt"
+    empty.write_text("Short.\n")
+    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(empty), "--out", str(tmp_path / "m.json")])
+    assert result.exit_code == 2 and "no training examples" in result.output
+

@@ -1,0 +1,151 @@
+"""One vocabulary: the evaluator plugin, extra_metrics and genai scorers give the same metric
+keys and the same values for the same records and judge."""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pytest
+
+from mlflow_rag_eval.routes.extra_metrics import rag_metrics
+from mlflow_rag_eval.routes.scorers import rag_scorers
+
+METRICS = ["faithfulness", "answer_relevancy", "context_recall", "context_precision", "ndcg@10", "mrr"]
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from pipeline import load_golden
+
+    df = load_golden()
+    picked = pd.concat([df[df.answerable].head(6), df[~df.answerable].head(2)])
+    return picked[["question", "reference", "relevant_ids", "answerable"]].reset_index(drop=True)
+
+
+def _plugin(data, local_judge, **kwargs):
+    with mlflow.start_run():
+        return mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag",
+                                      evaluator_config={"judge": local_judge, "metrics": METRICS},
+                                      **kwargs).metrics
+
+
+def _extra_metrics(data, local_judge, **kwargs):
+    with mlflow.start_run():
+        return mlflow.models.evaluate(data=data, model_type=None,
+                                      extra_metrics=rag_metrics(METRICS, local_judge), **kwargs).metrics
+
+
+def _scorers(rows, local_judge, predict_fn=None):
+    """What the genai route's run holds: MLflow's aggregates plus the rag_eval contents the
+    scorers write (n_error, the CI bounds)."""
+    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS, local_judge), predict_fn=predict_fn)
+    return mlflow.MlflowClient().get_run(result.run_id).data.metrics
+
+
+def _assert_same(reference: dict, other: dict, *, n_error: bool = True):
+    keys = {k for k in reference if n_error or not k.endswith("/n_error")}
+    assert keys == set(other) - ({k for k in other if k.endswith("/n_error")} if not n_error else set())
+    for key in keys:
+        assert other[key] == pytest.approx(reference[key], abs=1e-12), key
+
+
+def test_static_predictions_same_keys_and_values_on_every_route(tracking_uri, golden, local_judge):
+    from pipeline import BM25, extract_answer, load_corpus
+
+    index = BM25(load_corpus())
+    data = golden.copy()
+    data["contexts"] = [[{"id": p["id"], "text": p["text"]} for p, _ in index.search(q, 4)] for q in data.question]
+    data["answer"] = [extract_answer(q, c, 0.34) for q, c in zip(data.question, data.contexts)]
+
+    plugin = _plugin(data, local_judge, predictions="answer")
+    extra = _extra_metrics(data, local_judge, predictions="answer")
+    rows = [
+        {"inputs": {"question": r.question}, "outputs": {"answer": r.answer, "contexts": r.contexts},
+         "expectations": {"reference": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable}}
+        for r in data.itertuples()
+    ]
+    scored = _scorers(rows, local_judge)
+
+    assert {k.split("/")[0] for k in plugin} == {"faithfulness", "answer_relevancy", "context_recall",
+                                                 "context_precision", "ndcg_at_10", "mrr"}
+    _assert_same(plugin, extra)
+    _assert_same(plugin, scored)
+
+
+def test_logged_pyfunc_same_values_on_every_route(tracking_uri, golden, local_judge):
+    from pipeline import log_pipeline
+
+    with mlflow.start_run():
+        info = log_pipeline(k=3)
+    plugin = _plugin(golden, local_judge, model=info.model_uri)
+    extra = _extra_metrics(golden, local_judge, model=info.model_uri, predictions="answer")
+
+    model = mlflow.pyfunc.load_model(info.model_uri)
+
+    def predict_fn(question):
+        return model.predict(pd.DataFrame({"question": [question]}))[0]
+
+    rows = [{"inputs": {"question": r.question},
+             "expectations": {"reference": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable}}
+            for r in golden.itertuples()]
+    scored = _scorers(rows, local_judge, predict_fn=predict_fn)
+    _assert_same(plugin, scored)
+    _assert_same(plugin, extra)
+
+
+def _traced_rag(question: str, documents: list[dict], answer: str):
+    """The trace of a pipeline whose RETRIEVER span returned ``documents``."""
+    from mlflow.entities import SpanType
+
+    @mlflow.trace(span_type=SpanType.RETRIEVER)
+    def retrieve(question):
+        return documents
+
+    @mlflow.trace
+    def rag(question):
+        retrieve(question)
+        return answer
+
+    rag(question)
+    mlflow.flush_trace_async_logging()
+    return mlflow.get_trace(mlflow.get_last_active_trace_id())
+
+
+def test_scorer_reads_contexts_from_retriever_spans_and_names_its_source(tracking_uri, local_judge):
+    from mlflow.entities import AssessmentSourceType
+
+    trace = _traced_rag(
+        "How much is a bike ticket?",
+        [{"page_content": "A bike ticket costs 5 euros per journey.", "metadata": {"doc_uri": "p1"}, "id": "p1"}],
+        "A bike ticket costs 5 euros.")
+    faithfulness, ndcg = rag_scorers(["faithfulness", "ndcg@10"], local_judge)
+    feedback = faithfulness(inputs={"question": "How much is a bike ticket?"},
+                            outputs="A bike ticket costs 5 euros.", trace=trace)
+    assert feedback.value == 1.0 and feedback.error is None
+    assert feedback.source.source_type == AssessmentSourceType.LLM_JUDGE
+    # The judge by name, its fingerprint beside: the same Feedback the rag evaluator logs.
+    assert feedback.source.source_id == "local:minilm-l6"
+    assert feedback.metadata["rag_eval.judge_fingerprint"] == local_judge.info().fingerprint
+    assert '"claim": "A bike ticket costs 5 euros."' in feedback.metadata["rag_eval.evidence"]
+    retrieval = ndcg(inputs={"question": "q"}, outputs="a", trace=trace, expectations={"relevant_ids": ["p1"]})
+    assert retrieval.value == 1.0 and retrieval.source.source_type == AssessmentSourceType.CODE
+
+
+def test_scorer_reads_parent_ids_from_retriever_span_metadata(tracking_uri):
+    """Chunks of one document, named by opaque ids: the retriever's metadata ``parent_id``
+    is what the parent-grain metrics rank by."""
+    trace = _traced_rag("q", [{"page_content": f"chunk {i}", "id": f"c{i}", "metadata": {"parent_id": doc}}
+                              for i, doc in enumerate(["guide", "guide", "faq"])], "an answer")
+    parent_mrr, pollution = rag_scorers(["parent_mrr", "pollution@3"], None)
+    # faq is the second distinct document: reciprocal rank 1/2 (the chunk grain would say 1/3)
+    assert parent_mrr(inputs={"question": "q"}, outputs="a", trace=trace,
+                      expectations={"relevant_ids": ["faq"]}).value == 0.5
+    # the second slot repeats "guide": one of three slots polluted
+    assert pollution(inputs={"question": "q"}, outputs="a", trace=trace).value == 1 / 3
+
+
+def test_scorer_turns_bad_input_into_a_named_error(local_judge):
+    (faithfulness,) = rag_scorers(["faithfulness"], local_judge)
+    feedback = faithfulness(inputs={"question": ""}, outputs={"answer": "x", "contexts": []})
+    assert feedback.value is None
+    assert "RecordError" in feedback.error.error_code or "RecordError" in str(feedback.error.error_message)
