@@ -45,7 +45,10 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(PY) examples/quickstart.py
 
+# ruff first (pyflakes and import order, pyproject's [tool.ruff]); the layers are checked by
+# tests/test_architecture.py, with the rest of the suite.
 test: install-dev
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 # The local judge's shipped support model, rebuilt from what the repository holds

@@ -18,6 +18,7 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "__version__",
     "ColumnMapping",
     "RagRecord",
     "compare_runs",
@@ -50,7 +51,19 @@ _WHERE = {
 }
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("mlflow-rag-eval")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read from the installed metadata on first use, not at import
+        globals()[name] = value = _version()
+        return value
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value

@@ -155,7 +155,8 @@ _ID_KEYS = ("id", "doc_id", "document_id")
 _PARENT_KEY = "parent_id"
 
 
-def _is_missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """Whether a cell holds no value: None, NaN, ``pd.NA`` or ``pd.NaT``."""
     if value is None:
         return True
     if isinstance(value, float) and math.isnan(value):
@@ -185,7 +186,7 @@ def _as_id(value: Any, *, row: int, column: str) -> str:
 
 
 def _text(value: Any, *, row: int, column: str, allow_empty: bool = True) -> str:
-    if _is_missing(value):
+    if is_missing(value):
         raise RecordError("missing value (None/NaN)", row=row, column=column)
     if not isinstance(value, str):
         raise RecordError(
@@ -198,7 +199,7 @@ def _text(value: Any, *, row: int, column: str, allow_empty: bool = True) -> str
 
 def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tuple[Context, ...]:
     column = mapping.contexts
-    if _is_missing(value):
+    if is_missing(value):
         raise RecordError("missing value (None/NaN); use [] for no contexts", row=row, column=column)
     items = _as_list(value, row=row, column=column, what="contexts")
     out: list[Context] = []
@@ -223,7 +224,7 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
             id_key = next((k for k in _ID_KEYS if k in item and item[k] is not None), None)
             cid = _as_id(item[id_key], row=row, column=column) if id_key else None
             parent = item.get(_PARENT_KEY)
-            parent = None if _is_missing(parent) else _as_id(parent, row=row, column=column)
+            parent = None if is_missing(parent) else _as_id(parent, row=row, column=column)
             out.append(Context(text=text, id=cid, parent_id=parent))
         else:
             raise RecordError(
@@ -231,7 +232,7 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
                 row=row,
                 column=column,
             )
-    if ids is not None and not _is_missing(ids):
+    if ids is not None and not is_missing(ids):
         id_list = _as_list(ids, row=row, column=mapping.context_ids, what="context ids")
         if len(id_list) != len(out):
             raise RecordError(
@@ -268,17 +269,17 @@ def _relevant_ids(value: Any, *, row: int, column: str, grades: Any = None,
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise RecordError(f"relevant ids look like JSON but do not parse: {exc}", row=row, column=column) from None
-    if _is_missing(value):
+    if is_missing(value):
         return None
     if isinstance(value, Mapping):
-        if not _is_missing(grades):
+        if not is_missing(grades):
             raise RecordError(f"grades are given twice: in the {{id: grade}} dict and in {grades_column!r}",
                               row=row, column=column)
         return {(doc_id := _as_id(k, row=row, column=column)): _grade(doc_id, g, row=row, column=column)
                 for k, g in value.items()}
     items = _as_list(value, row=row, column=column, what="relevant ids")
     parallel = None
-    if not _is_missing(grades):
+    if not is_missing(grades):
         parallel = _as_list(grades, row=row, column=grades_column, what="relevance grades")
         if len(parallel) != len(items):
             raise RecordError(f"{len(items)} relevant ids but {len(parallel)} grades in {grades_column!r}",
@@ -311,7 +312,7 @@ def _relevant_ids(value: Any, *, row: int, column: str, grades: Any = None,
 
 
 def _answerable(value: Any, *, row: int, column: str) -> bool:
-    if _is_missing(value):
+    if is_missing(value):
         return True
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
@@ -357,10 +358,10 @@ def records_from_frame(
         answer = _text(cell("answer"), row=row, column=mapping.answer) if has["answer"] else ""
         contexts = _contexts(cell("contexts"), cell("context_ids"), row=row, mapping=mapping)
         reference = None
-        if has["reference"] and not _is_missing(cell("reference")):
+        if has["reference"] and not is_missing(cell("reference")):
             reference = _text(cell("reference"), row=row, column=mapping.reference)
         reference_contexts = None
-        if has["reference_contexts"] and not _is_missing(cell("reference_contexts")):
+        if has["reference_contexts"] and not is_missing(cell("reference_contexts")):
             items = _as_list(
                 cell("reference_contexts"), row=row, column=mapping.reference_contexts,
                 what="reference contexts",
@@ -369,7 +370,7 @@ def records_from_frame(
                 _text(t, row=row, column=mapping.reference_contexts) for t in items
             )
         metadata = cell("metadata") if has["metadata"] else None
-        if metadata is not None and not _is_missing(metadata) and not isinstance(metadata, Mapping):
+        if metadata is not None and not is_missing(metadata) and not isinstance(metadata, Mapping):
             raise RecordError("must be a dict", row=row, column=mapping.metadata)
         records.append(
             RagRecord(

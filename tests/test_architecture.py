@@ -163,21 +163,19 @@ def _package_of(module: str) -> str:
 
 
 def test_private_names_stay_in_their_package():
-    """``_name`` modules and names are plumbing: importable only from inside the package that
-    holds them (``_util`` is the whole package's)."""
+    """``_name`` modules and names are plumbing: importable only by the modules of the package
+    (the folder) that holds them; ``_util`` is the whole package's."""
     wrong = []
     for module in sorted(MODULES):
         here = _package_of(module)
         for target, line, name in _imports(module):
             owner = _owner(target)
-            private_parts = [i for i, p in enumerate(owner.split(".")) if p.startswith("_") and p != "__init__"]
-            if private_parts and owner.split(".")[private_parts[0]] != "_util":
-                holder = ".".join(owner.split(".")[: private_parts[0]])
-                if not (here == holder or here.startswith(holder + ".")):
-                    wrong.append(f"{module}:{line} imports private module {owner}")
-            if name and name.startswith("_") and not name.startswith("__"):
-                if not (here == _package_of(owner) or here.startswith(_package_of(owner) + ".")):
-                    wrong.append(f"{module}:{line} imports private name {owner}.{name}")
+            parts = owner.split(".")
+            private = [i for i, p in enumerate(parts) if p.startswith("_") and p != "__init__"]
+            if private and parts[private[0]] != "_util" and here != ".".join(parts[: private[0]]):
+                wrong.append(f"{module}:{line} imports private module {owner}")
+            if name and name.startswith("_") and not name.startswith("__") and here != _package_of(owner):
+                wrong.append(f"{module}:{line} imports private name {owner}.{name}")
     assert not wrong, "\n".join(wrong)
 
 

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from mlflow_rag_eval.keys import SLICE, slice_prefix, slice_segments
-from mlflow_rag_eval.records import RagRecord, RecordError, _is_missing
+from mlflow_rag_eval.records import RagRecord, RecordError, is_missing
 from mlflow_rag_eval.results import MetricResult, MetricSummary, summarize
 
 __all__ = [
@@ -112,7 +112,7 @@ def labels_of(value: Any, *, row: int, field: str) -> list[str]:
         if isinstance(item, Mapping) or isinstance(item, (list, tuple, set, np.ndarray)):
             raise RecordError(f"slice_by field {field!r}: a {type(item).__name__} is not a slice value "
                               "(use a string, a number, or a list of them)", row=row, column=field)
-        if _is_missing(item) or (isinstance(item, str) and not item.strip()):
+        if is_missing(item) or (isinstance(item, str) and not item.strip()):
             continue
         labels.append(slice_label(item))
     return list(dict.fromkeys(labels))

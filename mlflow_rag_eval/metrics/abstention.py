@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
-from mlflow_rag_eval.metrics.generation import _failed, _votes
+from mlflow_rag_eval.metrics.generation import failure_row, panel_votes
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Abstention", "FalseAbstention"]
@@ -39,12 +39,12 @@ class _AbstentionRate(Metric):
             verdicts = judge.is_abstention([(records[i].question, records[i].answer) for i in rows])
             for i, verdict in zip(rows, verdicts):
                 if isinstance(verdict, JudgeFailure):
-                    out[i] = _failed(verdict)
+                    out[i] = failure_row(verdict)
                 else:
                     out[i] = RowResult.scored(
                         1.0 if verdict.value else 0.0,
                         f"{'abstains' if verdict.value else 'answers'}: {verdict.reason}",
-                        **_votes(verdict),
+                        **panel_votes(verdict),
                     )
             return out
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges.base import JudgeFailure, VerifyItem
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
-from mlflow_rag_eval.metrics.generation import _failed, _votes
+from mlflow_rag_eval.metrics.generation import failure_row, panel_votes
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 
@@ -117,7 +117,7 @@ class CitationSupport(_CitationMetric):
                     (v for k in range(len(cites)) if isinstance(v := found.get((i, k)), JudgeFailure)), None
                 )
                 if failure is not None:
-                    out[i] = _failed(failure)
+                    out[i] = failure_row(failure)
                     continue
                 details, supported = [], 0
                 for k, c in enumerate(cites):
@@ -127,7 +127,7 @@ class CitationSupport(_CitationMetric):
                     details.append({
                         "sentence": c.sentence, "target": c.target, "supported": ok,
                         "reason": verdict[0].reason if verdict is not None else "cited source was not retrieved",
-                        **(_votes(verdict[0]) if verdict is not None else {}),
+                        **(panel_votes(verdict[0]) if verdict is not None else {}),
                     })
                 out[i] = RowResult.scored(
                     supported / len(cites),

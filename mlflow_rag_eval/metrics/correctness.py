@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
-from mlflow_rag_eval.metrics.generation import _failed, reference_not_applicable
+from mlflow_rag_eval.metrics.generation import failure_row, reference_not_applicable
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["AnswerCorrectness"]
@@ -53,7 +53,7 @@ class AnswerCorrectness(Metric):
             for i, a, r in zip(rows, answer_side, reference_side):
                 failure = a if isinstance(a, JudgeFailure) else r if isinstance(r, JudgeFailure) else None
                 if failure is not None:
-                    out[i] = _failed(failure)
+                    out[i] = failure_row(failure)
                     continue
                 if not r:
                     out[i] = RowResult.not_applicable("the reference makes no claims")

@@ -20,13 +20,13 @@ from mlflow_rag_eval.results import RowResult
 __all__ = ["Faithfulness", "AnswerRelevancy", "ContextRelevance", "ContextRecall"]
 
 
-def _failed(outcome: JudgeFailure) -> RowResult:
-    # A failure may carry details: a judge panel's votes on a row it could not decide (a tie),
-    # which the agreement and the disagreement rows count.
+def failure_row(outcome: JudgeFailure) -> RowResult:
+    """The failed row of a judge failure, with its details: a judge panel's votes on a row it
+    could not decide (a tie), which the agreement and the disagreement rows count."""
     return RowResult.failed(f"{outcome.kind}: {outcome.message}", **getattr(outcome, "details", {}))
 
 
-def _votes(outcome: object) -> dict[str, list]:
+def panel_votes(outcome: object) -> dict[str, list]:
     """``{"votes": [...]}`` for a judge panel's verdict or score (the members' votes), else {}."""
     votes = getattr(outcome, "votes", None)
     return {"votes": list(votes)} if votes else {}
@@ -42,7 +42,7 @@ def _claim_support(
     outcomes = judge.extract_and_verify([ClaimsItem(t, p) for t, p in zip(texts, passages)])
     for row, outcome in zip(rows, outcomes):
         if isinstance(outcome, JudgeFailure):
-            out[row] = _failed(outcome)
+            out[row] = failure_row(outcome)
             continue
         if not outcome:
             out[row] = no_claims()
@@ -85,7 +85,7 @@ def _rate_passages(
          for i in with_ctx]
     )
     for i, outcome in zip(with_ctx, rated):
-        out[i] = _failed(outcome) if isinstance(outcome, JudgeFailure) else score(records[i], outcome)
+        out[i] = failure_row(outcome) if isinstance(outcome, JudgeFailure) else score(records[i], outcome)
     return out
 
 
@@ -190,7 +190,7 @@ class ContextRelevance(Metric):
         )
         for i, outcome in zip(rated_rows, rated):
             if isinstance(outcome, JudgeFailure):
-                out[i] = _failed(outcome)
+                out[i] = failure_row(outcome)
                 continue
             verdicts, passages, start = list(outcome), [], 0
             for context, sents in zip(records[i].contexts, split[i]):
@@ -238,19 +238,19 @@ class AnswerRelevancy(Metric):
         committed = []
         for i, verdict in zip(rows, abstains):
             if isinstance(verdict, JudgeFailure):
-                out[i] = _failed(verdict)
+                out[i] = failure_row(verdict)
             elif verdict.value:
                 out[i] = RowResult.scored(0.0, f"noncommittal answer ({verdict.reason})",
-                                          **({"abstention": _votes(verdict)} if _votes(verdict) else {}))
+                                          **({"abstention": panel_votes(verdict)} if panel_votes(verdict) else {}))
             else:
                 committed.append(i)
         sims = judge.similarity([(records[i].question, records[i].answer) for i in committed])
         for i, sim in zip(committed, sims):
             out[i] = (
-                _failed(sim)
+                failure_row(sim)
                 if isinstance(sim, JudgeFailure)
                 else RowResult.scored(sim, f"question-answer similarity {sim:.2f}",
-                                      **({"similarity": {"value": float(sim), **_votes(sim)}} if _votes(sim) else {}))
+                                      **({"similarity": {"value": float(sim), **panel_votes(sim)}} if panel_votes(sim) else {}))
             )
         return out
 
@@ -261,7 +261,7 @@ class AnswerRelevancy(Metric):
         pairs, owners = [], []
         for i, gen in zip(rows, generated):
             if isinstance(gen, JudgeFailure):
-                out[i] = _failed(gen)
+                out[i] = failure_row(gen)
             elif gen.noncommittal:
                 out[i] = RowResult.scored(0.0, "noncommittal answer (judged evasive or unknowing)")
             elif not gen.questions:
@@ -276,13 +276,13 @@ class AnswerRelevancy(Metric):
         for i, items in by_row.items():
             failure = next((s for _, s in items if isinstance(s, JudgeFailure)), None)
             if failure is not None:
-                out[i] = _failed(failure)
+                out[i] = failure_row(failure)
                 continue
             value = float(np.mean([s for _, s in items]))
             out[i] = RowResult.scored(
                 value,
                 f"mean similarity {value:.2f} of {len(items)} questions generated from the answer",
-                generated_questions=[{"question": q, "similarity": float(s), **_votes(s)} for q, s in items],
+                generated_questions=[{"question": q, "similarity": float(s), **panel_votes(s)} for q, s in items],
             )
         return out
 

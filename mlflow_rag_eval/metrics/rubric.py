@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable
-from mlflow_rag_eval.metrics.generation import _failed, _votes
+from mlflow_rag_eval.metrics.generation import failure_row, panel_votes
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Rubric", "rubric"]
@@ -78,14 +78,14 @@ class Rubric(Metric):
             grades = judge.grade(self, [row_fields(records[i]) for i in rows])
             for i, verdict in zip(rows, grades):
                 if isinstance(verdict, JudgeFailure):
-                    out[i] = _failed(verdict)
+                    out[i] = failure_row(verdict)
                     continue
                 raw = self.low + verdict.score * (self.high - self.low)
                 passed = verdict.score >= self.threshold
                 out[i] = RowResult.scored(
                     verdict.score,
                     f"{raw:g} of {self.low:g}..{self.high:g} ({'pass' if passed else 'fail'}): {verdict.reason}",
-                    raw_score=raw, passed=passed, steps=verdict.evidence, **_votes(verdict),
+                    raw_score=raw, passed=passed, steps=verdict.evidence, **panel_votes(verdict),
                 )
             return out
 

@@ -1,8 +1,8 @@
 """One HTTP attempt under a wall-clock budget, and the texts that leave it scrubbed of secrets.
 
 requests' ``timeout`` bounds each socket operation, not an attempt: a server trickling its
-reply a byte at a time never trips it. :class:`_AttemptClock` is the budget of one attempt,
-enforced while the reply streams; :func:`_transport_failure` names what went wrong when no
+reply a byte at a time never trips it. :class:`AttemptClock` is the budget of one attempt,
+enforced while the reply streams; :func:`transport_failure` names what went wrong when no
 complete answer came; :func:`scrub` and :func:`redact` keep the API key out of every text that
 an exception, a cache entry or a report could hold. Used by the OpenAI-compatible backend.
 """
@@ -60,7 +60,7 @@ def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
 _ATTEMPT = threading.local()  # the clock of the attempt this thread is making, if any
 
 
-class _AttemptClock:
+class AttemptClock:
     """The wall-clock budget of one HTTP attempt, enforced while the reply streams.
 
     requests' ``timeout`` bounds each socket operation: a server that sends a byte every half
@@ -81,7 +81,7 @@ class _AttemptClock:
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
 
-    def __enter__(self) -> _AttemptClock:
+    def __enter__(self) -> AttemptClock:
         _ATTEMPT.clock = self
         self._timer.start()
         return self
@@ -147,9 +147,9 @@ def _watched(connection_class: type) -> type:
 
 
 @functools.lru_cache(maxsize=1)
-def _watched_adapter_class() -> type:
+def watched_adapter_class() -> type:
     """A requests ``HTTPAdapter`` whose connections (direct or through an HTTP proxy) register
-    with :class:`_AttemptClock`. Built on first use: ``requests`` is imported lazily."""
+    with :class:`AttemptClock`. Built on first use: ``requests`` is imported lazily."""
     from requests.adapters import HTTPAdapter
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -176,7 +176,7 @@ def _watched_adapter_class() -> type:
     return WatchedAdapter
 
 
-def _read_body(response: Any, clock: _AttemptClock) -> bytes:
+def read_body(response: Any, clock: AttemptClock) -> bytes:
     """The whole body of a streamed response, within the clock and :data:`MAX_REPLY_BYTES`."""
     import requests
 
@@ -237,8 +237,8 @@ def _connection_reason(exc: BaseException, secrets: tuple[str | None, ...]) -> s
     return f"{type(root).__name__}: {scrub(str(root), secrets)}"
 
 
-def _transport_failure(
-    exc: BaseException, clock: _AttemptClock, where: str, connect_timeout: float,
+def transport_failure(
+    exc: BaseException, clock: AttemptClock, where: str, connect_timeout: float,
     secrets: tuple[str | None, ...],
 ) -> Exception:
     """The chat exception for a request that got no complete HTTP answer."""
@@ -264,7 +264,7 @@ def _transport_failure(
     return PermanentError("BadRequest", f"{where}: {type(exc).__name__}: {scrub(str(exc), secrets)}")
 
 
-class _Answer:
+class Answer:
     """An HTTP answer read in full: status, headers, body."""
 
     def __init__(self, status: int, headers: Any, content: bytes, encoding: str | None):

@@ -8,7 +8,7 @@ exceptions; retries, backoff, caching and parsing live in the layer above.
 Time: a request's ``timeout`` is the attempt's total wall-clock budget. requests' own timeouts
 bound each socket operation, so a server sending one byte every half second never trips them;
 here a timer shuts the attempt's connection down when the budget runs out (see
-:class:`_AttemptClock`), which wakes the blocked read at once and gives ``Timeout``. Connecting
+:class:`AttemptClock`), which wakes the blocked read at once and gives ``Timeout``. Connecting
 has its own shorter limit (``connect_timeout``); a refused, reset or unresolvable connection,
 or none within that limit, is ``ConnectionError`` (:data:`~.chat.CONNECTION_ERROR`), the kind the
 layer above counts to declare a server unreachable. Replies are read up to
@@ -48,13 +48,13 @@ from mlflow_rag_eval.judges.llm.chat import (
 )
 from mlflow_rag_eval.judges.llm.usage import token_count
 from mlflow_rag_eval.judges.providers._http_attempt import (  # scrub and redact are re-exported
-    _Answer,
-    _AttemptClock,
-    _read_body,
-    _transport_failure,
-    _watched_adapter_class,
+    Answer,
+    AttemptClock,
+    read_body,
     redact,
     scrub,
+    transport_failure,
+    watched_adapter_class,
 )
 from mlflow_rag_eval.judges.registry import as_url, register_judge_provider
 
@@ -243,7 +243,7 @@ class OpenAICompatBackend:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
-            adapter = _watched_adapter_class()
+            adapter = watched_adapter_class()
             session.mount("http://", adapter())
             session.mount("https://", adapter())
         return session
@@ -287,23 +287,23 @@ class OpenAICompatBackend:
         return body
 
     def _post(self, url: str, query: dict, body: dict, headers: dict, budget: float, where: str,
-              secrets: tuple[str | None, ...]) -> _Answer:
+              secrets: tuple[str | None, ...]) -> Answer:
         """One POST, read in full within ``budget`` seconds of wall-clock time."""
         budget = max(budget, 0.001)
         connect = min(self.connect_timeout, budget)
         failure: Exception | None = None
-        with _AttemptClock(budget) as clock:
+        with AttemptClock(budget) as clock:
             try:
                 response = self._session().post(
                     url, params=query, json=body, headers=headers, timeout=(connect, budget), stream=True
                 )
                 try:
-                    answer = _Answer(response.status_code, response.headers, _read_body(response, clock),
+                    answer = Answer(response.status_code, response.headers, read_body(response, clock),
                                      response.encoding)
                 finally:
                     response.close()
             except Exception as exc:  # requests', urllib3's or the socket's: mapped below
-                failure = _transport_failure(exc, clock, where, connect, secrets)
+                failure = transport_failure(exc, clock, where, connect, secrets)
         if failure is not None:
             if clock.expired:
                 self._drop_session()
