@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from mlflow_rag_eval.evaluation.engine import evaluate_records
-from mlflow_rag_eval.judges.base import JudgeCapabilityError
+from mlflow_rag_eval.evaluation.engine import evaluate_records, run_metric
+from mlflow_rag_eval.judges.base import JudgeCapabilityError, JudgeUnreachable
 from mlflow_rag_eval.metrics import register_metric, resolve_metric
 from mlflow_rag_eval.metrics.base import Metric
 from mlflow_rag_eval.metrics.rubric import rubric
@@ -87,3 +87,66 @@ def test_a_missing_extra_is_refused_when_the_metric_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "ragas", None)  # what an uninstalled package looks like to import
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'mlflow-rag-eval\[ragas\]'"):
         resolve_metric("ragas:faithfulness")
+
+
+# -- one owner of metric failures on every route: the engine's run_metric -------------------------
+@register_metric
+@dataclasses.dataclass(frozen=True)
+class _Unreachable(Metric):
+    """A metric whose judge cannot be reached at all."""
+
+    name = "unreachable_for_tests"
+
+    def compute(self, records, judge=None):
+        raise JudgeUnreachable("judge 'x' is unreachable: 8 consecutive connection failures")
+
+
+ROWS = [record("q0", ["d1"], {"d1": 1}), record("q1", ["d1"], {"d1": 1})]
+
+
+def _extra_metric_values(name: str):
+    """What the extra_metrics route's eval_fn gives MLflow's default evaluator for ROWS."""
+    import pandas as pd
+
+    from mlflow_rag_eval.routes.extra_metrics import rag_metric
+
+    return rag_metric(name).eval_fn(pd.Series(["a", "a"]), question=pd.Series(["q0", "q1"]),
+                                    contexts=pd.Series([["d1"], ["d1"]]))
+
+
+def _scorer_feedback(name: str, question: str = "q0"):
+    from mlflow_rag_eval.routes.scorers import rag_scorers
+
+    (scorer,) = rag_scorers([name], None)
+    return scorer(inputs={"question": question}, outputs={"answer": "a", "contexts": ["d1"]})
+
+
+def test_run_metric_is_the_one_place_a_metric_failure_becomes_rows():
+    rows = run_metric(resolve_metric("exploding_for_tests"), ROWS, None)
+    assert [r.error for r in rows] == ["MetricError: KeyError: 'q0'"] * 2 and "KeyError" in rows[0].traceback
+    with pytest.raises(JudgeUnreachable):
+        run_metric(resolve_metric("unreachable_for_tests"), ROWS, None)
+
+
+def test_a_metric_that_raises_fails_its_rows_alike_on_every_route():
+    """The engine (evaluator plugin, Spark, CLI), extra_metrics and the genai scorers: the same
+    error kind and message for the same bug."""
+    engine = evaluate_records(ROWS[:1], ["exploding_for_tests"], progress=False).metrics[0].rows[0]
+    extra = _extra_metric_values("exploding_for_tests")
+    feedback = _scorer_feedback("exploding_for_tests")
+    assert engine.error == "MetricError: KeyError: 'q0'"
+    assert extra.scores == [None, None] and extra.justifications[0] == engine.error
+    assert feedback.value is None and feedback.error.error_code == "MetricError"
+    assert feedback.error.error_message == engine.error
+
+
+def test_an_unreachable_judge_stops_the_engine_and_names_itself_on_every_route():
+    """The engine and extra_metrics (one call per metric) stop with JudgeUnreachable before
+    anything is logged; a genai scorer cannot stop MLflow's harness, so its row names it."""
+    with pytest.raises(JudgeUnreachable, match="unreachable"):
+        evaluate_records(ROWS, ["unreachable_for_tests"], progress=False)
+    with pytest.raises(JudgeUnreachable, match="unreachable"):
+        _extra_metric_values("unreachable_for_tests")
+    feedback = _scorer_feedback("unreachable_for_tests")
+    assert feedback.value is None and feedback.error.error_code == "JudgeUnreachable"
+    assert "8 consecutive connection failures" in feedback.error.error_message
