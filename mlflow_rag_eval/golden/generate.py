@@ -294,18 +294,8 @@ def generate_golden_set(
     were dropped: the report says which and why. Raises JudgeCapabilityError when the judge
     cannot write text (the embedded ``local`` judge: use an LLM judge, or ``scripted`` offline).
     """
-    from mlflow_rag_eval.judges import get_judge
-
-    judge = get_judge(judge) if isinstance(judge, str) else judge
-    if not judge.supports("fill"):
-        raise JudgeCapabilityError(
-            f"judge {judge.info().name!r} cannot write questions: a golden set needs an LLM judge "
-            "(e.g. 'openai:/gpt-4o-mini', 'llamacpp:/path/model.gguf'), or 'scripted' (rules, offline)")
-    judge.require("extract_and_verify", "rate_relevance", metric="golden set generation")
-    corpus = [p if isinstance(p, Passage) else Passage(str(p["id"]), p["text"], str(p.get("title") or ""),
-                                                           dict(p.get("metadata") or {})) for p in passages]
-    if len({p.id for p in corpus}) != len(corpus):
-        raise ValueError("passage ids must be unique: relevance is graded by id")
+    judge = _resolve_judge(judge)
+    corpus = _as_corpus(passages)
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     quotas = _quotas(n, mix)
@@ -323,6 +313,50 @@ def generate_golden_set(
     def drop(c: _Candidate, reason: str, detail: str = "") -> None:
         drops.append(Drop(c.kind, reason, c.question, tuple(corpus[i].id for i in c.sources), detail))
 
+    alive = _screen(candidates, drop)
+    alive = _dedupe(alive, enc, dedupe_threshold, drop)
+    alive = _check(judge, corpus, vectors, enc, alive, unanswerable_check_k, drop)
+
+    chosen, per_kind = _choose(alive, quotas)
+    kept = _rows(judge, corpus, vectors, enc, chosen, supporting_k, info, seed)
+    report = GoldenSetReport(
+        requested=quotas,
+        generated={k: sum(c.kind == k for c in candidates) for k in QUESTION_TYPES},
+        kept={k: sum(r.metadata.question_type == k for r in kept) for k in QUESTION_TYPES},
+        drops=tuple(drops),
+        unused={k: sum(c.kind == k for c in alive) - per_kind[k] for k in QUESTION_TYPES},
+        judge_calls=getattr(judge, "calls", None),
+    )
+    generator = {"judge": info.name, "fingerprint": info.fingerprint, "prompts_version": GOLDEN_PROMPTS_VERSION,
+                 "seed": seed, "n": n, "mix": list(mix), "oversample": oversample,
+                 "dedupe_threshold": dedupe_threshold, "n_passages": len(corpus)}
+    return GoldenSet(tuple(kept), report, generator)
+
+
+def _resolve_judge(judge: Judge | str) -> Judge:
+    """The judge by name or as given, refused unless it can write questions and check them."""
+    from mlflow_rag_eval.judges import get_judge
+
+    judge = get_judge(judge) if isinstance(judge, str) else judge
+    if not judge.supports("fill"):
+        raise JudgeCapabilityError(
+            f"judge {judge.info().name!r} cannot write questions: a golden set needs an LLM judge "
+            "(e.g. 'openai:/gpt-4o-mini', 'llamacpp:/path/model.gguf'), or 'scripted' (rules, offline)")
+    judge.require("extract_and_verify", "rate_relevance", metric="golden set generation")
+    return judge
+
+
+def _as_corpus(passages: Sequence[Passage | Mapping[str, Any]]) -> list[Passage]:
+    """The passages as :class:`Passage` objects, refused when an id repeats."""
+    corpus = [p if isinstance(p, Passage) else Passage(str(p["id"]), p["text"], str(p.get("title") or ""),
+                                                           dict(p.get("metadata") or {})) for p in passages]
+    if len({p.id for p in corpus}) != len(corpus):
+        raise ValueError("passage ids must be unique: relevance is graded by id")
+    return corpus
+
+
+def _screen(candidates: list[_Candidate], drop) -> list[_Candidate]:
+    """The candidates the judge wrote in full; the others dropped as judge failures or empty."""
     alive = []
     for c in candidates:
         if c.failure is not None:
@@ -331,15 +365,23 @@ def generate_golden_set(
             drop(c, "empty", "no question" if not c.question.strip() else "no reference answer")
         else:
             alive.append(c)
-    alive = _dedupe(alive, enc, dedupe_threshold, drop)
-    alive = _check(judge, corpus, vectors, enc, alive, unanswerable_check_k, drop)
+    return alive
 
-    kept: list[GoldenRow] = []
+
+def _choose(alive: list[_Candidate], quotas: dict[str, int]) -> tuple[list[_Candidate], Counter]:
+    """Each kind's earliest survivors, up to its quota, and how many of each kind were chosen."""
     chosen, per_kind = [], Counter()
-    for c in alive:  # each kind's earliest survivors, up to its quota
+    for c in alive:
         if per_kind[c.kind] < quotas[c.kind]:
             per_kind[c.kind] += 1
             chosen.append(c)
+    return chosen, per_kind
+
+
+def _rows(judge: Judge, corpus, vectors, enc, chosen: list[_Candidate], supporting_k: int, info,
+          seed: int) -> list[GoldenRow]:
+    """The chosen candidates as golden rows: relevance graded, difficulty measured, provenance kept."""
+    kept: list[GoldenRow] = []
     supporting = _supporting(judge, corpus, vectors, enc, [c for c in chosen if c.kind != "unanswerable"],
                              supporting_k)
     question_vectors = enc.encode([c.question for c in chosen]) if chosen else None
@@ -362,18 +404,7 @@ def generate_golden_set(
                                       generator_fingerprint=info.fingerprint, seed=seed),
             ),
         ))
-    report = GoldenSetReport(
-        requested=quotas,
-        generated={k: sum(c.kind == k for c in candidates) for k in QUESTION_TYPES},
-        kept={k: sum(r.metadata.question_type == k for r in kept) for k in QUESTION_TYPES},
-        drops=tuple(drops),
-        unused={k: sum(c.kind == k for c in alive) - per_kind[k] for k in QUESTION_TYPES},
-        judge_calls=getattr(judge, "calls", None),
-    )
-    generator = {"judge": info.name, "fingerprint": info.fingerprint, "prompts_version": GOLDEN_PROMPTS_VERSION,
-                 "seed": seed, "n": n, "mix": list(mix), "oversample": oversample,
-                 "dedupe_threshold": dedupe_threshold, "n_passages": len(corpus)}
-    return GoldenSet(tuple(kept), report, generator)
+    return kept
 
 
 def _plan(corpus, sims, quotas, oversample, dedupe_threshold, rng) -> list[_Candidate]:

@@ -148,100 +148,124 @@ class RankedRelevance:
                 f"retrieved has {n} queries but relevant has {len(relevant)}"
             )
 
-        # --- normalise inputs (one Python step per query, none per id)
-        ret_lists: list = []
-        for r in retrieved:
-            if r is None:
-                r = ()
-            elif isinstance(r, (str, bytes)):
-                raise TypeError(
-                    "each retrieved entry must be a sequence of ids, got a string"
-                )
-            ret_lists.append(r)
-        judgements: list = []
-        for rel in relevant:
-            if rel is None:
-                rel = {}
-            elif isinstance(rel, (str, bytes)):
-                raise TypeError(
-                    "each relevant entry must be a mapping or a collection of "
-                    "ids, got a string"
-                )
-            elif not isinstance(rel, Mapping):
-                rel = dict.fromkeys(rel, 1.0)  # also de-duplicates
-            judgements.append(rel)
-
+        ret_lists, judgements = _normalise(retrieved, relevant)
         lengths = np.fromiter(map(len, ret_lists), dtype=np.int64, count=n)
         n_judged = np.fromiter(map(len, judgements), dtype=np.int64, count=n)
         max_len = int(lengths.max()) if n else 0
-
-        # --- judged grades: relevant counts and ideal orderings
-        try:
-            grades = np.fromiter(
-                chain.from_iterable(map(_values, judgements)),
-                dtype=np.float64,
-                count=int(n_judged.sum()),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"relevance grades must be numbers: {exc}") from exc
-        if not np.isfinite(grades).all():
-            raise ValueError("relevance grades must be finite numbers")
-        grade_q = np.repeat(np.arange(n, dtype=np.int64), n_judged)
-        positive = grades > 0
-        grade_q = grade_q[positive]
-        grades = grades[positive]
-        n_relevant = np.bincount(grade_q, minlength=n).astype(np.int64)
-
-        max_rel = int(n_relevant.max()) if n else 0
-        ideal_gains = np.zeros((n, max_rel), dtype=np.float64)
-        if grades.size:
-            order = np.lexsort((-grades, grade_q))  # by query, grade desc
-            sq = grade_q[order]
-            rel_start = np.cumsum(n_relevant) - n_relevant
-            ideal_gains[sq, np.arange(sq.size) - rel_start[sq]] = grades[order]
-
-        # --- grade of every retrieved id, looked up in its query's mapping
-        gains = np.zeros((n, max_len), dtype=np.float64)
-        n_ret = int(lengths.sum())
-        if grades.size and n_ret:
-            zero = repeat(0.0)  # infinite, so safely shared by every map()
-            flat = np.fromiter(
-                chain.from_iterable(
-                    map(lambda j, ids: map(j.get, ids, zero), judgements, ret_lists)
-                ),
-                dtype=np.float64,
-                count=n_ret,
-            )
-            hit = np.flatnonzero(flat > 0)  # grade <= 0 is no gain
-            if hit.size:
-                offsets = np.cumsum(lengths) - lengths
-                # "right": an empty list shares its offset with the next
-                # query, and the last query with that offset is non-empty.
-                hit_q = np.searchsorted(offsets, hit, side="right") - 1
-                hit_rank = hit - offsets[hit_q]
-                hit_gain = flat[hit]
-                # Duplicates: only the first occurrence of (query, id) keeps
-                # its gain. Hits are in flat order, i.e. by query then rank,
-                # so np.unique's first index is the best-ranked occurrence.
-                hit_ids = np.empty(hit.size, dtype=object)
-                hit_ids[:] = [
-                    ret_lists[q][r] for q, r in zip(hit_q.tolist(), hit_rank.tolist())
-                ]
-                codes, uniques = pd.factorize(hit_ids)
-                keys = hit_q * max(len(uniques), 1) + codes
-                _, first = np.unique(keys, return_index=True)
-                if first.size < hit.size:
-                    hit_q, hit_rank, hit_gain = (
-                        hit_q[first], hit_rank[first], hit_gain[first]
-                    )
-                gains[hit_q, hit_rank] = hit_gain
-
+        n_relevant, ideal_gains, any_relevant = _judged_grades(judgements, n_judged)
+        gains = _retrieved_gains(ret_lists, judgements, lengths, max_len, any_relevant)
         return cls(
             gains=gains,
             lengths=lengths,
             n_relevant=n_relevant,
             ideal_gains=ideal_gains,
         )
+
+
+def _normalise(
+    retrieved: Sequence[Sequence[str] | None],
+    relevant: Sequence[Mapping[str, float] | Sequence[str] | None],
+) -> tuple[list, list]:
+    """Retrieved lists and judgement mappings, ``None`` made empty (one Python step per query, none per id)."""
+    ret_lists: list = []
+    for r in retrieved:
+        if r is None:
+            r = ()
+        elif isinstance(r, (str, bytes)):
+            raise TypeError(
+                "each retrieved entry must be a sequence of ids, got a string"
+            )
+        ret_lists.append(r)
+    judgements: list = []
+    for rel in relevant:
+        if rel is None:
+            rel = {}
+        elif isinstance(rel, (str, bytes)):
+            raise TypeError(
+                "each relevant entry must be a mapping or a collection of "
+                "ids, got a string"
+            )
+        elif not isinstance(rel, Mapping):
+            rel = dict.fromkeys(rel, 1.0)  # also de-duplicates
+        judgements.append(rel)
+    return ret_lists, judgements
+
+
+def _judged_grades(
+    judgements: list[Mapping], n_judged: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per query, the number of positive grades and their ideal ordering; whether any grade is positive."""
+    n = n_judged.shape[0]
+    try:
+        grades = np.fromiter(
+            chain.from_iterable(map(_values, judgements)),
+            dtype=np.float64,
+            count=int(n_judged.sum()),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"relevance grades must be numbers: {exc}") from exc
+    if not np.isfinite(grades).all():
+        raise ValueError("relevance grades must be finite numbers")
+    grade_q = np.repeat(np.arange(n, dtype=np.int64), n_judged)
+    positive = grades > 0
+    grade_q = grade_q[positive]
+    grades = grades[positive]
+    n_relevant = np.bincount(grade_q, minlength=n).astype(np.int64)
+
+    max_rel = int(n_relevant.max()) if n else 0
+    ideal_gains = np.zeros((n, max_rel), dtype=np.float64)
+    if grades.size:
+        order = np.lexsort((-grades, grade_q))  # by query, grade desc
+        sq = grade_q[order]
+        rel_start = np.cumsum(n_relevant) - n_relevant
+        ideal_gains[sq, np.arange(sq.size) - rel_start[sq]] = grades[order]
+    return n_relevant, ideal_gains, bool(grades.size)
+
+
+def _retrieved_gains(
+    ret_lists: list,
+    judgements: list[Mapping],
+    lengths: np.ndarray,
+    max_len: int,
+    any_relevant: bool,
+) -> np.ndarray:
+    """The grade of every retrieved id, looked up in its query's mapping; 0 for a repeated id."""
+    n = lengths.shape[0]
+    gains = np.zeros((n, max_len), dtype=np.float64)
+    n_ret = int(lengths.sum())
+    if any_relevant and n_ret:
+        zero = repeat(0.0)  # infinite, so safely shared by every map()
+        flat = np.fromiter(
+            chain.from_iterable(
+                map(lambda j, ids: map(j.get, ids, zero), judgements, ret_lists)
+            ),
+            dtype=np.float64,
+            count=n_ret,
+        )
+        hit = np.flatnonzero(flat > 0)  # grade <= 0 is no gain
+        if hit.size:
+            offsets = np.cumsum(lengths) - lengths
+            # "right": an empty list shares its offset with the next
+            # query, and the last query with that offset is non-empty.
+            hit_q = np.searchsorted(offsets, hit, side="right") - 1
+            hit_rank = hit - offsets[hit_q]
+            hit_gain = flat[hit]
+            # Duplicates: only the first occurrence of (query, id) keeps
+            # its gain. Hits are in flat order, i.e. by query then rank,
+            # so np.unique's first index is the best-ranked occurrence.
+            hit_ids = np.empty(hit.size, dtype=object)
+            hit_ids[:] = [
+                ret_lists[q][r] for q, r in zip(hit_q.tolist(), hit_rank.tolist())
+            ]
+            codes, uniques = pd.factorize(hit_ids)
+            keys = hit_q * max(len(uniques), 1) + codes
+            _, first = np.unique(keys, return_index=True)
+            if first.size < hit.size:
+                hit_q, hit_rank, hit_gain = (
+                    hit_q[first], hit_rank[first], hit_gain[first]
+                )
+            gains[hit_q, hit_rank] = hit_gain
+    return gains
 
 
 def _values(judgement: Mapping) -> Iterable:

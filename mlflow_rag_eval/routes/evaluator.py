@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -121,77 +122,118 @@ class RagEvaluator(ModelEvaluator):
         **kwargs,
     ):
         config: Mapping[str, Any] = evaluator_config or {}
-        unknown = set(config) - CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"unknown evaluator_config key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
-        if extra_metrics or custom_artifacts:
-            raise ValueError(
-                "the rag evaluator takes metrics by name in evaluator_config['metrics']; "
-                "extra_metrics and custom_artifacts belong to MLflow's default evaluator"
-            )
-        col_mapping = dict(config.get("col_mapping") or {})
-        if getattr(dataset, "predictions_name", None):
-            # mlflow.evaluate(..., predictions="col") names the answer column of static data.
-            col_mapping.setdefault("answer", dataset.predictions_name)
-        mapping = ColumnMapping.from_config(col_mapping)
+        _check_config(config, extra_metrics, custom_artifacts)
+        mapping = _column_mapping(config, dataset)
         client = MlflowClient()
         assert_run_is_fresh(client, run_id)
 
-        log_traces = config.get("log_traces", True)
-        if not isinstance(log_traces, bool):
-            raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
-        max_error_rate = config.get("max_error_rate")
-        if max_error_rate is not None and (
-            isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float))
-            or not 0 <= max_error_rate <= 1
-        ):
-            raise ValueError(f"evaluator_config['max_error_rate'] must be a number in [0, 1], got {max_error_rate!r}")
-        slice_by = check_slice_by(config.get("slice_by"), "evaluator_config['slice_by']")
+        options = _options(config)
 
         frame = _dataset_frame(dataset)
         warn_about_dict_grades(frame, mapping.relevant_ids)
-        if slice_by:  # slices are of the golden rows: fields the pipeline outputs are not among them
-            check_frame(frame, slice_by, mapping.metadata)
-        available = {"answer", "contexts"} | {
-            field
-            for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
-            if getattr(mapping, field) in frame.columns
-        }
+        if options.slice_by:  # slices are of the golden rows: fields the pipeline outputs are not among them
+            check_frame(frame, options.slice_by, mapping.metadata)
+        available = _available_fields(frame, mapping)
         # The configuration and the golden data are checked before the pipeline runs: an
         # unknown metric, a judge that cannot score it, or a bad cell costs no prediction
         # and leaves no trace.
         suite = prepare_suite(config.get("metrics"), config.get("judge"), available, mapping)
         pipeline_traces = None
         if model is not None:
-            validate_inputs(frame, mapping)
-            inputs = frame[list(config.get("model_input_columns") or [mapping.question])]
-            experiment_id = client.get_run(run_id).info.experiment_id
-            output, pipeline_traces = predict_with_traces(
-                model, inputs, [str(q) for q in frame[mapping.question]], experiment_id
-            )
-            outputs = predictions_to_frame(output, len(frame), mapping)
-            if predictions is not None and predictions != mapping.answer and predictions in outputs:
-                outputs = outputs.rename(columns={predictions: mapping.answer})
-            frame = pd.concat(
-                [frame.drop(columns=[c for c in outputs.columns if c in frame.columns]), outputs],
-                axis=1,
-            )
+            frame, pipeline_traces = _predict(model, frame, config, mapping, client, run_id, predictions)
         # Everything below the validation line is judged and logged; nothing above it is.
         records = records_from_frame(frame, mapping)
-        if slice_by:
-            records = attach_columns(records, frame, slice_by)
-            slice_members(records, slice_by)  # a value that is no slice label costs no judge call
+        if options.slice_by:
+            records = attach_columns(records, frame, options.slice_by)
+            slice_members(records, options.slice_by)  # a value that is no slice label costs no judge call
         result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
-            result, run_id, client, model_id=model_id, log_traces=log_traces, pipeline_traces=pipeline_traces,
-            slice_by=slice_by,
+            result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
+            slice_by=options.slice_by,
         )
         # After logging: a failed evaluation keeps its evidence on the run.
-        announce(result, max_error_rate=max_error_rate)
-        artifact_uri = client.get_run(run_id).info.artifact_uri
-        artifacts = {
-            "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),
-            "judge_lineage": JsonEvaluationArtifact(uri=f"{artifact_uri}/{LINEAGE_FILE}"),
-        }
-        return MlflowEvaluationResult(metrics=metrics, artifacts=artifacts, run_id=run_id)
+        announce(result, max_error_rate=options.max_error_rate)
+        return MlflowEvaluationResult(metrics=metrics, artifacts=_artifacts(client, run_id), run_id=run_id)
+
+
+def _check_config(config: Mapping[str, Any], extra_metrics, custom_artifacts) -> None:
+    """Refuse unknown config keys, and MLflow's extra metrics and custom artifacts (not ours)."""
+    unknown = set(config) - CONFIG_KEYS
+    if unknown:
+        raise ValueError(f"unknown evaluator_config key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
+    if extra_metrics or custom_artifacts:
+        raise ValueError(
+            "the rag evaluator takes metrics by name in evaluator_config['metrics']; "
+            "extra_metrics and custom_artifacts belong to MLflow's default evaluator"
+        )
+
+
+def _column_mapping(config: Mapping[str, Any], dataset) -> ColumnMapping:
+    """The config's ``col_mapping``, the answer column defaulting to MLflow's predictions column."""
+    col_mapping = dict(config.get("col_mapping") or {})
+    if getattr(dataset, "predictions_name", None):
+        # mlflow.evaluate(..., predictions="col") names the answer column of static data.
+        col_mapping.setdefault("answer", dataset.predictions_name)
+    return ColumnMapping.from_config(col_mapping)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The config's run options, checked."""
+
+    log_traces: bool
+    max_error_rate: float | None
+    slice_by: tuple[str, ...]
+
+
+def _options(config: Mapping[str, Any]) -> _Options:
+    """``log_traces``, ``max_error_rate`` and ``slice_by`` from the config, refused when malformed."""
+    log_traces = config.get("log_traces", True)
+    if not isinstance(log_traces, bool):
+        raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
+    max_error_rate = config.get("max_error_rate")
+    if max_error_rate is not None and (
+        isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float))
+        or not 0 <= max_error_rate <= 1
+    ):
+        raise ValueError(f"evaluator_config['max_error_rate'] must be a number in [0, 1], got {max_error_rate!r}")
+    slice_by = check_slice_by(config.get("slice_by"), "evaluator_config['slice_by']")
+    return _Options(log_traces, max_error_rate, slice_by)
+
+
+def _available_fields(frame: pd.DataFrame, mapping: ColumnMapping) -> set[str]:
+    """The record fields the data can feed: answer and contexts, and the golden columns present."""
+    return {"answer", "contexts"} | {
+        field
+        for field in ("reference", "relevant_ids", "reference_contexts", "answerable")
+        if getattr(mapping, field) in frame.columns
+    }
+
+
+def _predict(model, frame: pd.DataFrame, config: Mapping[str, Any], mapping: ColumnMapping, client: MlflowClient,
+             run_id: str, predictions) -> tuple[pd.DataFrame, Any]:
+    """The frame with the model's outputs in place of any same-named columns, and the pipeline's traces."""
+    validate_inputs(frame, mapping)
+    inputs = frame[list(config.get("model_input_columns") or [mapping.question])]
+    experiment_id = client.get_run(run_id).info.experiment_id
+    output, pipeline_traces = predict_with_traces(
+        model, inputs, [str(q) for q in frame[mapping.question]], experiment_id
+    )
+    outputs = predictions_to_frame(output, len(frame), mapping)
+    if predictions is not None and predictions != mapping.answer and predictions in outputs:
+        outputs = outputs.rename(columns={predictions: mapping.answer})
+    frame = pd.concat(
+        [frame.drop(columns=[c for c in outputs.columns if c in frame.columns]), outputs],
+        axis=1,
+    )
+    return frame, pipeline_traces
+
+
+def _artifacts(client: MlflowClient, run_id: str) -> dict[str, JsonEvaluationArtifact]:
+    """The run's results table and judge lineage, as MLflow evaluation artifacts."""
+    artifact_uri = client.get_run(run_id).info.artifact_uri
+    return {
+        "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),
+        "judge_lineage": JsonEvaluationArtifact(uri=f"{artifact_uri}/{LINEAGE_FILE}"),
+    }

@@ -134,53 +134,20 @@ def evaluate_spark(
     An LLM judge's ``rate_limit`` and ``concurrency`` are what the provider sees in total: each
     of the workers scoring at once gets its share (:func:`worker_share`).
     """
-    if not isinstance(judge, str):
-        raise TypeError(f"on Spark a judge is given by name (it is rebuilt in each worker, never pickled), "
-                        f"got {type(judge).__name__}")
+    _check_judge_name(judge)
     mapping = ColumnMapping.from_config(col_mapping)
     slice_fields = check_slice_by(slice_by)
     client = MlflowClient()
-    active = mlflow.active_run()
-    run_id = run_id or (active.info.run_id if active else None)
-    if run_id is not None:
-        assert_run_is_fresh(client, run_id)
+    run_id = _run_to_log_into(client, run_id)
 
-    indexed, n_rows = read_indexed(data)
-    if output is None and not _on_one_machine(indexed.sparkSession):
-        raise ValueError(f"on a cluster (master {indexed.sparkSession.sparkContext.master!r}) give output=: a folder "
-                         "every executor can write and the driver can read (s3a://..., hdfs://..., a shared mount); "
-                         "the default is a temporary folder on the driver, which executors elsewhere cannot reach")
-    columns = [c for c in indexed.columns if c != ROW]
-    # Whole-column problems (a required column missing, a name twice) from the schema alone,
-    # by the single-process code: an empty frame with the data's columns.
-    records_from_frame(pd.DataFrame(columns=columns), mapping)
-    available = {"answer", "contexts"} | {f for f in _FIELDS if getattr(mapping, f) in columns}
-    suite = prepare_suite(metrics, judge, available, mapping)
-    plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
-                evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields)
+    indexed, n_rows, columns = _read(data, output)
+    plan, suite, available = _plan(columns, metrics, judge, mapping, slice_fields)
     indexed = spread(indexed, n_rows, whole_blocks=plan.judge is not None)
-    start = time.perf_counter()
-    _validate(indexed, plan, suite, columns)
-    _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
-    workers = min(indexed.sparkSession.sparkContext.defaultParallelism, indexed.rdd.getNumPartitions())
-    plan = replace(plan, metrics=tuple(suite.metrics), check_applicable=False,
-                   judge_options=worker_share(suite.judge, workers))
+    plan = _validated(indexed, plan, suite, columns, n_rows)
 
     output = output or os.path.join(tempfile.mkdtemp(prefix="rag_eval_spark_"), "rows")
-    spark = indexed.sparkSession
-    usage, timings = spark.sparkContext.accumulator({}, SumParam()), spark.sparkContext.accumulator({}, SumParam())
-    start = time.perf_counter()
-    with _judge_errors():
-        indexed.mapInArrow(partial(score_batches, plan, usage, timings), output_schema(plan)).write.parquet(output)
-    _logger.info("rag eval: %d rows scored in %.1f s, written to %s", n_rows, time.perf_counter() - start, output)
-    out = spark.read.parquet(output)
-    judge_info = suite.judge.info() if suite.judge is not None else no_judge()
-    context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
-                   fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
-
-    source = None if isinstance(data, DataFrame) else os.fspath(data)  # the run's dataset input
-    if source is not None and "://" not in source:
-        source = os.path.abspath(source)
+    out, context = _score(indexed, plan, suite, available, n_rows, output)
+    source = _dataset_source(data)
 
     def log_into(run_id: str) -> SparkEvaluation:
         done = _log(out, indexed, plan, n_rows, context, output, run_id, client,
@@ -195,6 +162,80 @@ def evaluate_spark(
         done = log_into(run_id)
     announce(done.figures, max_error_rate=max_error_rate)
     return done
+
+
+def _check_judge_name(judge: Any) -> None:
+    """Refuse a judge object: on Spark it is rebuilt from its name in each worker, never pickled."""
+    if not isinstance(judge, str):
+        raise TypeError(f"on Spark a judge is given by name (it is rebuilt in each worker, never pickled), "
+                        f"got {type(judge).__name__}")
+
+
+def _run_to_log_into(client: MlflowClient, run_id: str | None) -> str | None:
+    """The run given, else the active one, checked to be fresh; None when a new run is to be started."""
+    active = mlflow.active_run()
+    run_id = run_id or (active.info.run_id if active else None)
+    if run_id is not None:
+        assert_run_is_fresh(client, run_id)
+    return run_id
+
+
+def _read(data: DataFrame | str | os.PathLike, output: str | None) -> tuple[DataFrame, int, list[str]]:
+    """The rows numbered, their count and the data's columns; refused on a cluster without ``output``."""
+    indexed, n_rows = read_indexed(data)
+    if output is None and not _on_one_machine(indexed.sparkSession):
+        raise ValueError(f"on a cluster (master {indexed.sparkSession.sparkContext.master!r}) give output=: a folder "
+                         "every executor can write and the driver can read (s3a://..., hdfs://..., a shared mount); "
+                         "the default is a temporary folder on the driver, which executors elsewhere cannot reach")
+    return indexed, n_rows, [c for c in indexed.columns if c != ROW]
+
+
+def _plan(columns: list[str], metrics: list[str | Metric] | None, judge: str, mapping: ColumnMapping,
+          slice_fields: tuple[str, ...]) -> tuple[Plan, Suite, set[str]]:
+    """The suite and the workers' plan from the data's columns alone, on the driver; the fields available."""
+    # Whole-column problems (a required column missing, a name twice) from the schema alone,
+    # by the single-process code: an empty frame with the data's columns.
+    records_from_frame(pd.DataFrame(columns=columns), mapping)
+    available = {"answer", "contexts"} | {f for f in _FIELDS if getattr(mapping, f) in columns}
+    suite = prepare_suite(metrics, judge, available, mapping)
+    plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
+                evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields)
+    return plan, suite, available
+
+
+def _validated(indexed: DataFrame, plan: Plan, suite: Suite, columns: list[str], n_rows: int) -> Plan:
+    """Every row checked in the executors (no judge called); the plan the scoring workers then follow."""
+    start = time.perf_counter()
+    _validate(indexed, plan, suite, columns)
+    _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
+    workers = min(indexed.sparkSession.sparkContext.defaultParallelism, indexed.rdd.getNumPartitions())
+    return replace(plan, metrics=tuple(suite.metrics), check_applicable=False,
+                   judge_options=worker_share(suite.judge, workers))
+
+
+def _score(indexed: DataFrame, plan: Plan, suite: Suite, available: set[str], n_rows: int,
+           output: str) -> tuple[DataFrame, dict]:
+    """The rows scored per partition and written to ``output``; the scored rows read back, and the
+    result's context (judge, timings, usage, fields, suite)."""
+    spark = indexed.sparkSession
+    usage, timings = spark.sparkContext.accumulator({}, SumParam()), spark.sparkContext.accumulator({}, SumParam())
+    start = time.perf_counter()
+    with _judge_errors():
+        indexed.mapInArrow(partial(score_batches, plan, usage, timings), output_schema(plan)).write.parquet(output)
+    _logger.info("rag eval: %d rows scored in %.1f s, written to %s", n_rows, time.perf_counter() - start, output)
+    out = spark.read.parquet(output)
+    judge_info = suite.judge.info() if suite.judge is not None else no_judge()
+    context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
+                   fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))
+    return out, context
+
+
+def _dataset_source(data: DataFrame | str | os.PathLike) -> str | None:
+    """The run's dataset input: the Parquet path given (absolute when local), None for a DataFrame."""
+    source = None if isinstance(data, DataFrame) else os.fspath(data)
+    if source is not None and "://" not in source:
+        source = os.path.abspath(source)
+    return source
 
 
 def _on_one_machine(spark) -> bool:
