@@ -29,6 +29,12 @@ sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
 from llama_server import llama_server  # noqa: E402, F401  (a session fixture, for every test module)
 
+#: The judge prompts' version as data format 2 renders them (tests/judges/test_prompt_injection.py,
+#: tests/golden/test_golden.py). A failing test means a template, a schema or the data format
+#: changed: bump the template's version (or DATA_FORMAT_VERSION), then update this value. Judges'
+#: fingerprints and cache keys move with it, so scores never drift unnoticed.
+PINNED_PROMPTS_VERSION = "prompts-393952dfd1ad"
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _judge_cache_dir(tmp_path_factory):

@@ -10,8 +10,7 @@ from collections import Counter
 import mlflow
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
-from test_prompt_injection import PINNED_PROMPTS_VERSION
+from conftest import PINNED_PROMPTS_VERSION, ROOT
 
 from mlflow_rag_eval._util.text import content_tokens, split_sentences
 from mlflow_rag_eval.cli import main

@@ -12,6 +12,7 @@ import re
 
 import pandas as pd
 import pytest
+from conftest import PINNED_PROMPTS_VERSION
 from llama_server import RecordingBackend
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records
@@ -182,11 +183,6 @@ def test_tag_like_text_is_escaped(text, escaped):
     assert MARKUP.findall(data_block("text", text)) == ["<text>", "</text>"]
 
 
-#: The prompts as data format 2 renders them. A failing test here means a template, a schema or
-#: the data format changed: bump the template's version (or DATA_FORMAT_VERSION), then update
-#: these values. Judges' fingerprints and cache keys move with them, so scores never drift
-#: unnoticed.
-PINNED_PROMPTS_VERSION = "prompts-393952dfd1ad"
 #: data format 1 (only "</" escaped), before the change that escapes every tag-like "<"
 FORMAT_1_PROMPTS_VERSION = "prompts-7ffa646d02a3"
 
