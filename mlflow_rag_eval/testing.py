@@ -4,6 +4,10 @@
 package's prompt templates (found by the ``response_format`` schema name), and a minimal
 schema-valid value for any other schema (ragas' and deepeval's prompts), after a fixed latency. It exercises the real HTTP path (``openai:/...?base_url=...``) without a model: use
 it to test wiring, timing and accounting, never to claim quality. It binds 127.0.0.1 only.
+It records every request it receives, and answers what a test scripts instead when told to
+(:class:`Reply`: a status, body, headers and delay; :meth:`FakeJudgeServer.script` for one
+reply per request, :attr:`FakeJudgeServer.reply` for all of them): a provider's errors,
+rate limits and timeouts.
 
 :func:`serve` runs a real server command (``mlflow server``, the MLflow gateway,
 ``llama_cpp.server``) in its own process group until its health URL answers, and always stops
@@ -12,15 +16,20 @@ the whole group; :func:`mlflow_server` is that for a loopback tracking server.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import re
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
-    "FakeJudgeServer", "free_port", "mlflow_server", "postgres_server", "s3_server", "serve", "stop_process_group",
+    "FakeJudgeServer", "Reply", "free_port", "mlflow_server", "postgres_server", "s3_server", "serve",
+    "stop_process_group",
 ]
 
 _INDEX = re.compile(r'<(passage|claim) index="(\d+)"')
@@ -71,15 +80,65 @@ def _reply_for(schema_name: str, prompt: str) -> dict:
     raise KeyError(schema_name)
 
 
-class FakeJudgeServer:
-    """A loopback chat-completions server with a fixed latency per call."""
+@dataclass
+class Reply:
+    """One scripted answer of :class:`FakeJudgeServer`.
 
-    def __init__(self, latency: float = 0.0, model: str = "fake-judge"):
+    ``body`` is JSON-encoded, unless it is ``bytes`` or ``str`` (sent as they are: a broken or
+    HTML body); ``None`` is the server's generated completion. ``headers`` are sent after the
+    defaults (``Content-Type: application/json`` unless they name one, ``Content-Length``);
+    ``delay`` seconds are waited before answering (after the request is recorded), cut short by
+    :meth:`FakeJudgeServer.release` and by closing the server.
+    """
+
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+class _Headers(dict):
+    """A request's headers as sent (names in their case), looked up in any case."""
+
+    def __getitem__(self, name: str) -> str:
+        for key, value in self.items():
+            if key.lower() == name.lower():
+                return value
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(key.lower() == name.lower() for key in self.keys())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+
+class FakeJudgeServer:
+    """A loopback chat-completions server with a fixed latency per call (cut short, like a
+    reply's delay, by :meth:`release` and :meth:`close`).
+
+    Every POST, whatever its path, is recorded in :attr:`requests` (and counted in
+    :attr:`calls`) on arrival, as ``{"path", "query", "headers", "body"}``: the path without
+    its query, the query parsed by :func:`urllib.parse.parse_qs`, the headers (looked up in
+    any case) and the JSON body. It is answered, after ``latency`` seconds, by the first
+    reply queued with :meth:`script`; with none queued, by :attr:`reply` (a :class:`Reply`);
+    when that is ``None``, by a generated completion: valid JSON for the package's prompt
+    templates, a minimal schema-valid value for any other ``response_format`` schema.
+    """
+
+    def __init__(self, latency: float = 0.0, model: str = "fake-judge", reply: Reply | None = None):
         self.latency = latency
         self.model = model
+        self.reply = self._initial_reply = reply
         self.calls = 0
         self.requests: list[dict] = []
         self.lock = threading.Lock()
+        self._script: collections.deque[Reply] = collections.deque()
+        self._wake = threading.Condition()
+        self._closing = False
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,43 +146,99 @@ class FakeJudgeServer:
                 pass
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(server.latency)
-                with server.lock:
-                    server.calls += 1
-                    server.requests.append({"headers": dict(self.headers), "body": body})
-                prompt = "\n".join(m["content"] for m in body["messages"])
-                fmt = body.get("response_format") or {}
-                name = fmt.get("json_schema", {}).get("name", "")
-                try:
-                    text = json.dumps(_reply_for(name, prompt))
-                except KeyError:  # another library's prompt: any schema-valid reply
-                    text = json.dumps(instance_of(fmt.get("json_schema", {}).get("schema") or {}))
-                payload = {
-                    "id": "bench", "object": "chat.completion", "model": server.model,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4},
-                }
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                server._answer(self)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
         self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # A short poll: close() returns within 50 ms instead of serve_forever's default 0.5 s,
+        # which every test that stops a server would otherwise wait.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def script(self, *replies: Reply) -> None:
+        """Queue ``replies``: the next requests get them, one each, in order, before
+        :attr:`reply` answers again."""
+        with self.lock:
+            self._script.extend(replies)
+
+    def reset(self) -> None:
+        """Forget the requests received and the replies scripted: back to the reply given at
+        construction (a server shared by several tests, set up once)."""
+        with self.lock:
+            self.requests.clear()
+            self.calls = 0
+            self._script.clear()
+            self.reply = self._initial_reply
+
+    def release(self) -> None:
+        """End the wait of every reply being delayed now; later requests wait their full delay."""
+        with self._wake:
+            self._wake.notify_all()
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            with self._wake:
+                if not self._closing:
+                    self._wake.wait(seconds)
+
+    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
+        raw = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+        parts = urlsplit(handler.path)
+        body = json.loads(raw) if raw else None
+        with self.lock:
+            self.calls += 1
+            self.requests.append({"path": parts.path, "query": parse_qs(parts.query),
+                                  "headers": _Headers(handler.headers.items()), "body": body})
+            reply = self._script.popleft() if self._script else self.reply
+        self._pause(self.latency)
+        reply = reply or Reply()
+        self._pause(reply.delay)
+        content = self._completion(body) if reply.body is None else reply.body
+        data = content if isinstance(content, bytes) else (
+            content if isinstance(content, str) else json.dumps(content)).encode()
+        try:
+            handler.send_response(reply.status)
+            if not any(name.lower() == "content-type" for name in reply.headers):
+                handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+            pass
+
+    def _completion(self, body: dict) -> dict:
+        """The generated chat.completion for a request's body."""
+        prompt = "\n".join(m["content"] for m in body["messages"])
+        fmt = body.get("response_format") or {}
+        name = fmt.get("json_schema", {}).get("name", "")
+        try:
+            text = json.dumps(_reply_for(name, prompt))
+        except KeyError:  # another library's prompt: any schema-valid reply
+            text = json.dumps(instance_of(fmt.get("json_schema", {}).get("schema") or {}))
+        return {
+            "id": "bench", "object": "chat.completion", "model": self.model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4},
+        }
+
     def close(self) -> None:
+        """Stop serving; replies being delayed are sent at once."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
+        self._thread.join(5)
 
     def __enter__(self) -> FakeJudgeServer:
         return self

@@ -1,26 +1,23 @@
 """MlflowEndpointsBackend through a real MLflow AI Gateway on loopback.
 
 The gateway (``mlflow gateway start``, from ``mlflow[gateway]``) serves one chat endpoint whose
-provider is ``openai``, with ``openai_api_base`` pointing at a tiny scripted OpenAI-compatible
-server that this module also runs on loopback. One gateway serves the whole module (it takes
+provider is ``openai``, with ``openai_api_base`` pointing at a scripted OpenAI-compatible
+server that this module also runs on loopback (:class:`mlflow_rag_eval.testing.FakeJudgeServer`). One gateway serves the whole module (it takes
 a few seconds to start); each test scripts the upstream's answer.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from mlflow_rag_eval.judges.llm.chat import ChatBackend, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.providers.endpoints import MlflowEndpointsBackend, parse_endpoints_target
-from mlflow_rag_eval.testing import free_port, serve
+from mlflow_rag_eval.testing import FakeJudgeServer, Reply, free_port, serve
 
 UPSTREAM_KEY = "sk-gateway-side-fake-key"
 START_TIMEOUT_S = 60
@@ -39,65 +36,12 @@ def completion(content='{"supported": true}'):
     }
 
 
-class Upstream:
-    """A scripted OpenAI-compatible server: ``reply = (status, headers, body)``, ``delay``."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.release = threading.Event()
-        self.reset()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                fake.requests.append({
-                    "path": self.path,
-                    "headers": {k.lower(): v for k, v in self.headers.items()},
-                    "body": json.loads(raw),
-                })
-                if fake.delay:
-                    fake.release.wait(fake.delay)
-                status, headers, body = fake.reply
-                data = json.dumps(body).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.block_on_close = False
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def reset(self):
-        self.requests.clear()
-        self.reply = (200, {}, completion())
-        self.delay = 0.0
-
-    def stop(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-
 @pytest.fixture(scope="module")
 def upstream():
-    fake = Upstream()
-    yield fake
-    fake.stop()
+    """The scripted OpenAI-compatible upstream: ``upstream.reply = Reply(status, body, headers, delay)``;
+    :meth:`~FakeJudgeServer.reset` brings back the plain completion below."""
+    with FakeJudgeServer(reply=Reply(body=completion())) as fake:
+        yield fake
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +132,7 @@ def test_schema_is_forwarded_when_enabled(gateway, upstream):
 
 @pytest.mark.parametrize(("status", "kind"), [(429, "RateLimited"), (500, "ServerError"), (503, "ServerError")])
 def test_upstream_failures_are_transient_after_one_attempt(backend, upstream, status, kind):
-    upstream.reply = (status, {"Retry-After": "1"}, {"error": {"message": f"upstream says {status}"}})
+    upstream.reply = Reply(status, {"error": {"message": f"upstream says {status}"}}, {"Retry-After": "1"})
     with pytest.raises(TransientError) as info:
         backend.complete(ask())
     assert info.value.kind == kind
@@ -199,7 +143,7 @@ def test_upstream_failures_are_transient_after_one_attempt(backend, upstream, st
 
 
 def test_upstream_bad_request_is_permanent(backend, upstream):
-    upstream.reply = (400, {}, {"error": {"message": "max_tokens is too large"}})
+    upstream.reply = Reply(400, {"error": {"message": "max_tokens is too large"}})
     with pytest.raises(PermanentError) as info:
         backend.complete(ask())
     assert info.value.kind == "BadRequest"
@@ -212,15 +156,14 @@ def test_unknown_endpoint_is_not_found(gateway):
 
 
 def test_slow_upstream_is_a_timeout(backend, upstream):
-    upstream.delay = 5.0
+    upstream.reply = Reply(body=completion(), delay=5.0)
     started = time.monotonic()
     with pytest.raises(TransientError) as info:
         backend.complete(ask(timeout=0.5))
     assert info.value.kind == "Timeout"
     assert time.monotonic() - started < 4
-    upstream.release.set()  # let the gateway's pending upstream call finish now
+    upstream.release()  # let the gateway's pending upstream call finish now
     time.sleep(0.1)
-    upstream.release.clear()
 
 
 def test_connection_refused():

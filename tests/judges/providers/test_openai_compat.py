@@ -1,14 +1,11 @@
-"""OpenAICompatBackend against a tiny scripted OpenAI-compatible server on loopback."""
+"""OpenAICompatBackend against a scripted OpenAI-compatible server on loopback
+(:class:`mlflow_rag_eval.testing.FakeJudgeServer`)."""
 
 from __future__ import annotations
 
 import email.utils
 import json
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -18,6 +15,7 @@ from mlflow_rag_eval.judges.providers.openai import (
     parse_openai_target,
     parse_retry_after,
 )
+from mlflow_rag_eval.testing import FakeJudgeServer, Reply, free_port
 
 SECRET = "sk-test-DO-NOT-LOG-4242"
 SCHEMA = {
@@ -43,63 +41,11 @@ def completion(content='{"supported": true}', **extra):
     }
 
 
-class FakeOpenAI:
-    """A loopback server whose answer is set per test: ``reply = (status, headers, body)``."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.reply = (200, {}, completion())
-        self.delay = 0.0
-        self.release = threading.Event()  # ends a delayed reply early at teardown
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                parts = urlsplit(self.path)
-                fake.requests.append({
-                    "path": parts.path,
-                    "query": parse_qs(parts.query),
-                    "headers": {k.lower(): v for k, v in self.headers.items()},
-                    "body": json.loads(raw),
-                })
-                if fake.delay:
-                    fake.release.wait(fake.delay)
-                status, headers, body = fake.reply
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.block_on_close = False
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def stop(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def server():
-    fake = FakeOpenAI()
-    yield fake
-    fake.stop()
+    """The loopback fake; its answer is set per test: ``server.reply = Reply(status, body, headers)``."""
+    with FakeJudgeServer(reply=Reply(body=completion())) as fake:
+        yield fake
 
 
 @pytest.fixture(autouse=True)
@@ -119,12 +65,6 @@ def ask(schema=SCHEMA, timeout=5.0, **params):
         params=params or {"temperature": 0.0, "max_tokens": 64, "seed": 7, "top_p": 1.0},
         timeout=timeout,
     )
-
-
-def free_closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_valid_reply_request_shape_and_parsing(server):
@@ -189,7 +129,7 @@ def test_base_url_from_env(server, monkeypatch):
 
 
 def test_rate_limited_with_retry_after(server):
-    server.reply = (429, {"Retry-After": "2"}, {"error": {"message": "Rate limit reached"}})
+    server.reply = Reply(429, {"error": {"message": "Rate limit reached"}}, {"Retry-After": "2"})
     backend = OpenAICompatBackend("m", base_url=server.base_url)
     with pytest.raises(TransientError) as info:
         backend.complete(ask())
@@ -200,26 +140,26 @@ def test_rate_limited_with_retry_after(server):
 
 
 def test_rate_limited_without_retry_after(server):
-    server.reply = (429, {}, {"error": {"message": "slow down"}})
+    server.reply = Reply(429, {"error": {"message": "slow down"}})
     with pytest.raises(TransientError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert (info.value.kind, info.value.retry_after) == ("RateLimited", None)
 
 
 def test_server_error(server):
-    server.reply = (500, {}, {"error": {"message": "boom"}})
+    server.reply = Reply(500, {"error": {"message": "boom"}})
     with pytest.raises(TransientError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert info.value.kind == "ServerError"
     assert info.value.retry_after is None
-    server.reply = (503, {"Retry-After": "7"}, b"<html>overloaded</html>")
+    server.reply = Reply(503, b"<html>overloaded</html>", {"Retry-After": "7"})
     with pytest.raises(TransientError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert (info.value.kind, info.value.retry_after) == ("ServerError", 7)
 
 
 def test_timeout(server):
-    server.delay = 3.0
+    server.reply = Reply(body=completion(), delay=3.0)
     backend = OpenAICompatBackend("m", base_url=server.base_url)
     started = time.monotonic()
     with pytest.raises(TransientError) as info:
@@ -230,7 +170,7 @@ def test_timeout(server):
 
 def test_connection_refused(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    base_url = f"http://127.0.0.1:{free_closed_port()}/v1"
+    base_url = f"http://127.0.0.1:{free_port()}/v1"
     backend = OpenAICompatBackend("m", base_url=base_url)
     with pytest.raises(TransientError) as info:
         backend.complete(ask(timeout=2.0))
@@ -241,9 +181,8 @@ def test_connection_refused(monkeypatch):
 
 
 def test_schema_unsupported(server):
-    server.reply = (
+    server.reply = Reply(
         400,
-        {},
         {
             "error": {
                 "message": "Invalid parameter: 'response_format' of type 'json_schema' is not "
@@ -258,8 +197,8 @@ def test_schema_unsupported(server):
 
 def test_a_5xx_about_the_schema_is_schema_unsupported_not_retried(server):
     # llama-cpp-python's server answers the OpenAI form with a 500 naming the field.
-    server.reply = (500, {}, {"error": {"message": "1 validation error for CreateChatCompletionRequest\n"
-                                                   "response_format.type\n  Input should be 'text' or 'json_object'"}})
+    server.reply = Reply(500, {"error": {"message": "1 validation error for CreateChatCompletionRequest\n"
+                                                "response_format.type\n  Input should be 'text' or 'json_object'"}})
     with pytest.raises(PermanentError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert info.value.kind == "SchemaUnsupported"
@@ -286,7 +225,7 @@ def test_other_4xx_are_permanent(server, monkeypatch):
         400: ({"error": {"message": "max_tokens is too large"}}, "BadRequest"),
     }
     for status, (body, kind) in cases.items():
-        server.reply = (status, {}, body)
+        server.reply = Reply(status, body)
         with pytest.raises(PermanentError) as info:
             backend.complete(ask())
         assert info.value.kind == kind, status
@@ -296,14 +235,14 @@ def test_other_4xx_are_permanent(server, monkeypatch):
 def test_an_api_key_echoed_in_a_reply_is_redacted(server, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     echo = f'{{"supported": true, "reason": "you sent {SECRET}"}}'
-    server.reply = (200, {}, completion(echo, model=f"m-{SECRET}", refusal=None))
+    server.reply = Reply(body=completion(echo, model=f"m-{SECRET}", refusal=None))
     reply = OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert reply.text == '{"supported": true, "reason": "you sent ***"}'
     assert SECRET not in repr(reply)
     # A placeholder key (local servers take "EMPTY", "ollama") is no secret: replacing that word
     # in replies would corrupt them.
     monkeypatch.setenv("OPENAI_API_KEY", "true")
-    server.reply = (200, {}, completion('{"supported": true}'))
+    server.reply = Reply(body=completion('{"supported": true}'))
     assert OpenAICompatBackend("m", base_url=server.base_url).complete(ask()).text == '{"supported": true}'
 
 
@@ -314,7 +253,7 @@ def test_an_api_key_echoed_in_a_reply_is_redacted(server, monkeypatch):
     ids=["text", "negative", "object", "not-a-dict"],
 )
 def test_unreadable_usage_is_unknown_never_an_exception(server, usage):
-    server.reply = (200, {}, {**completion(), "usage": usage, "model": ["x"]})
+    server.reply = Reply(body={**completion(), "usage": usage, "model": ["x"]})
     reply = OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert reply.tokens_in is None and reply.text == '{"supported": true}'
     assert reply.model == "m"  # an unreadable model id falls back to the one asked for
@@ -324,14 +263,14 @@ def test_a_reply_over_the_size_limit_is_refused(server, monkeypatch):
     from mlflow_rag_eval.judges.providers import _http_attempt as http_attempt
 
     monkeypatch.setattr(http_attempt, "MAX_REPLY_BYTES", 1000)
-    server.reply = (200, {}, completion("x" * 5000))
+    server.reply = Reply(body=completion("x" * 5000))
     with pytest.raises(PermanentError) as info:
         OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert info.value.kind == "ReplyTooLarge"
 
 
 def test_refusal(server):
-    server.reply = (200, {}, completion(content=None, refusal="I can't help with that."))
+    server.reply = Reply(body=completion(content=None, refusal="I can't help with that."))
     reply = OpenAICompatBackend("m", base_url=server.base_url).complete(ask())
     assert reply.refusal == "I can't help with that."
     assert reply.text == ""
