@@ -372,8 +372,12 @@ def _use_store(tracking_uri: str | None, experiment: str | None) -> None:
         mlflow.set_experiment(experiment)
 
 
-def _read_rows(path: str):
-    """A data file as a DataFrame: Parquet, JSONL (one row per line) or CSV, by extension."""
+def _read_rows(path: str, mapping=None):
+    """A data file as a DataFrame: Parquet, JSONL (one row per line) or CSV, by extension.
+
+    CSV has no lists: its cells of list or dict fields (contexts, context_ids, relevant_ids,
+    relevance_grades, reference_contexts, metadata; the columns ``mapping`` names) hold JSON
+    text, decoded here, so a CSV file evaluates like the same rows in JSONL."""
     import pandas as pd
 
     suffix = Path(path).suffix.lower()
@@ -384,8 +388,35 @@ def _read_rows(path: str):
     if suffix == ".json":
         return pd.read_json(path, dtype=False)
     if suffix == ".csv":
-        return pd.read_csv(path)
+        return _decode_json_cells(pd.read_csv(path), mapping, path)
     raise ValueError(f"{path}: unknown data format {suffix or '(no extension)'!r}; give .parquet, .jsonl or .csv")
+
+
+#: record fields whose cells are lists or dicts (JSON text in a CSV file)
+_STRUCTURED_FIELDS = ("contexts", "context_ids", "relevant_ids", "relevance_grades", "reference_contexts", "metadata")
+
+
+def _decode_json_cells(frame, mapping, path: str):
+    """``frame`` with the JSON text of its structured columns decoded; a cell that looks like
+    JSON (``[...]`` or ``{...}``) and is not stops the evaluation, naming its row and column."""
+    import json
+
+    import pandas as pd
+
+    from mlflow_rag_eval.records import ColumnMapping
+
+    mapping = mapping or ColumnMapping()
+    for column in {getattr(mapping, f) for f in _STRUCTURED_FIELDS} & set(frame.columns):
+        values = list(frame[column])
+        for i, cell in enumerate(values):
+            if isinstance(cell, str) and cell.lstrip()[:1] in ("[", "{"):
+                try:
+                    values[i] = json.loads(cell)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}: row {i}, column {column!r}: a CSV cell of a list or dict field "
+                                     f"must be JSON ({exc.msg} at character {exc.pos})") from None
+        frame[column] = pd.Series(values, index=frame.index, dtype=object)
+    return frame
 
 
 @main.command("evaluate")
@@ -446,7 +477,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
 
     try:
         mapping = ColumnMapping.from_config(_column_mapping(columns))
-        frame = _read_rows(data_path)
+        frame = _read_rows(data_path, mapping)
         slice_fields = check_slice_by(list(slice_by) or None, "--slice-by")
         if slice_fields:
             check_frame(frame, slice_fields, mapping.metadata)

@@ -132,14 +132,22 @@ def _rows() -> pd.DataFrame:
     })
 
 
-@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def _write_rows(rows: pd.DataFrame, path) -> None:
+    """Rows as a data file of ``path``'s format (in CSV, lists and dicts as JSON text)."""
+    if path.suffix == ".parquet":
+        rows.to_parquet(path)
+    elif path.suffix == ".csv":
+        structured = ["contexts", "relevant_ids", "metadata"]
+        rows.assign(**{c: rows[c].map(json.dumps) for c in structured}).to_csv(path, index=False)
+    else:
+        rows.to_json(path, orient="records", lines=True)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
 def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suffix):
     path = tmp_path / f"rows{suffix}"
     rows = _rows()
-    if suffix == ".parquet":
-        rows.to_parquet(path)
-    else:
-        rows.to_json(path, orient="records", lines=True)
+    _write_rows(rows, path)
     result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "hit@5,mrr",
                                        "--judge", "scripted", "--slice-by", "difficulty", "--run-name", "cli-eval"])
     assert result.exit_code == 0, result.output
@@ -157,6 +165,31 @@ def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suf
     assert dataset_input.dataset.digest == run.data.params["rag_eval.dataset_digest"]
     assert json.loads(dataset_input.dataset.source) == {"uri": str(path.resolve())}
     assert dataset_input.dataset.source_type == "local"
+
+
+def test_a_csv_file_evaluates_like_the_same_rows_in_jsonl(tracking_uri, tmp_path):
+    """Its contexts, relevant ids and metadata cells are JSON text: decoded, the same records."""
+    digests = []
+    for suffix in (".jsonl", ".csv"):
+        path = tmp_path / f"rows{suffix}"
+        _write_rows(_rows(), path)
+        result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "faithfulness,mrr",
+                                           "--judge", "scripted", "--slice-by", "difficulty"])
+        assert result.exit_code == 0, result.output
+        run = mlflow.MlflowClient().get_run(result.stdout.strip().splitlines()[-1])
+        digests.append((run.data.params["rag_eval.dataset_digest"], run.data.metrics))
+    assert digests[0] == digests[1]
+
+
+def test_a_csv_cell_that_is_not_json_is_refused_naming_it(tracking_uri, tmp_path):
+    path = tmp_path / "rows.csv"
+    _write_rows(_rows(), path)
+    text = path.read_text().replace('[{""id"": ""p2""', '[{""id"" ""p2""', 1)  # a missing colon
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "mrr"])
+    assert result.exit_code == 2, result.output
+    assert "row 1, column 'contexts': a CSV cell of a list or dict field must be JSON" in result.output
+    assert mlflow.search_runs().empty
 
 
 def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tmp_path):
