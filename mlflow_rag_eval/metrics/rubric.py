@@ -10,17 +10,21 @@ judged. A rubric is built with :func:`rubric` and passed as a Metric object::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 from mlflow_rag_eval.judges.base import JudgeFailure
-from mlflow_rag_eval.metrics.base import Metric, each_applicable
+from mlflow_rag_eval.keys import display_name
+from mlflow_rag_eval.metrics.base import Metric, each_applicable, registered_metrics
 from mlflow_rag_eval.metrics.generation import failure_row, panel_votes
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["Rubric", "rubric"]
 
 _FIELDS = {"question", "answer", "reference", "contexts"}
+#: a rubric's name is its MLflow key, a path part of its artifacts and a column prefix: a word
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,13 @@ class Rubric(Metric):
     fields: tuple[str, ...] = ("question", "answer")
 
     def __post_init__(self):
+        if not isinstance(self.rubric_name, str) or not _NAME.fullmatch(self.rubric_name):
+            raise ValueError(f"rubric name {self.rubric_name!r} must be a letter then up to 63 letters, digits, "
+                             "'_' or '-' (it becomes the metric's MLflow key)")
+        base = display_name(self.rubric_name).split("@")[0]  # ndcg_at_10 is ndcg@10's key
+        if base in registered_metrics():
+            raise ValueError(f"rubric name {self.rubric_name!r} is a built-in metric's name: a rubric's scores "
+                             "must not pass for another metric's; choose another name")
         if not self.criteria.strip() or not self.steps:
             raise ValueError(f"rubric {self.rubric_name!r} needs criteria and at least one step")
         if not self.low < self.high:

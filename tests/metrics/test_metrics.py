@@ -161,6 +161,20 @@ def test_bad_metric_parameters_are_refused():
         rubric("empty", "", [])
 
 
+@pytest.mark.parametrize("name", ["../../evil", "a/b", "", " concise", "x" * 65, "ndcg@10", 7])
+def test_a_rubric_name_that_is_no_plain_key_is_refused_when_it_is_made(name):
+    """Its name is a metric key, an artifact path part and a column prefix: refused before any
+    judge call or trace, not after."""
+    with pytest.raises(ValueError, match="must be a letter"):
+        rubric(name, "The answer is polite.", ["Read it."])
+
+
+@pytest.mark.parametrize("name", ["hit_at_5", "faithfulness", "mrr"])
+def test_a_rubric_cannot_take_a_built_in_metrics_name(name):
+    with pytest.raises(ValueError, match="is a built-in metric's name"):
+        rubric(name, "The answer is polite.", ["Read it."])
+
+
 # -- the local judge on small real texts ------------------------------------------------------------
 
 REAL = pd.DataFrame([
