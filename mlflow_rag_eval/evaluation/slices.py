@@ -109,11 +109,15 @@ def labels_of(value: Any, *, row: int, field: str) -> list[str]:
         items = [value]
     labels = []
     for item in items:
-        if isinstance(item, Mapping) or isinstance(item, (list, tuple, set, np.ndarray)):
-            raise RecordError(f"slice_by field {field!r}: a {type(item).__name__} is not a slice value "
-                              "(use a string, a number, or a list of them)", row=row, column=field)
         if is_missing(item) or (isinstance(item, str) and not item.strip()):
             continue
+        if isinstance(item, np.generic):
+            item = item.item()
+        # A JSON scalar only: any other object's str() (a dict, an instance's repr with its
+        # address) is no label, or one that changes from run to run.
+        if not isinstance(item, (str, bool, int, float)):
+            raise RecordError(f"slice_by field {field!r}: a {type(item).__name__} is not a slice value "
+                              "(use a string, a number, a bool, or a list of them)", row=row, column=field)
         labels.append(slice_label(item))
     return list(dict.fromkeys(labels))
 

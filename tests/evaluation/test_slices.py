@@ -151,6 +151,18 @@ def test_values_are_labelled_as_text():
     assert by_value == {"2.5": [3], "3": [0, 1, 2, 5], "True": [4]}  # 3.0 is 3: pandas makes ints floats
 
 
+def test_a_value_that_is_no_json_scalar_is_refused_naming_its_row():
+    """Its str() would be a label that changes every run (``<object object at 0x7f...>``)."""
+    class Tag:
+        pass
+
+    for value in (Tag(), object(), b"bytes", [Tag()]):
+        records = [RagRecord("q", "a", metadata={"tag": "x"}), RagRecord("q", "a", metadata={"tag": value})]
+        with pytest.raises(RecordError, match="is not a slice value") as info:
+            slice_members(records, ["tag"])
+        assert (info.value.row, info.value.column) == (1, "tag")
+
+
 def test_unusable_fields_and_values_are_refused():
     records = [RagRecord("q", "a", metadata={"tags": ["x"]}), RagRecord("q", "a", metadata={"tags": {"k": 1}})]
     with pytest.raises(RecordError, match="a dict is not a slice value") as info:
