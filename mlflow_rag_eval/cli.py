@@ -53,6 +53,13 @@ def _is_input_error(exc: BaseException) -> bool:
     return isinstance(exc, tuple(c for c in classes if c is not None))
 
 
+def _is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the database layer under MLflow's tracking store
+    (SQLAlchemy, Alembic): a store broken, e.g. by a kill inside MLflow's own migrations, is the
+    store's problem, not a bug of ours."""
+    return any(cls.__module__.split(".")[0] in ("sqlalchemy", "alembic") for cls in type(exc).__mro__)
+
+
 def _one_line(exc: BaseException) -> str:
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return " ".join(str(message).split())
@@ -68,6 +75,11 @@ class _Main(click.Group):
             raise  # click prints usage errors itself (exit 2, as ours)
         except Exception as exc:
             command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
+            if _is_store_error(exc):
+                click.echo(f"{command}: the tracking store failed ({type(exc).__name__}: {_one_line(exc)[:300]}); "
+                           "the store is damaged or of another MLflow version: check it, or run "
+                           "`mlflow db upgrade <store uri>` on a copy", err=True)
+                raise SystemExit(UNUSABLE) from None
             if _is_input_error(exc):
                 click.echo(f"{command}: {_one_line(exc)}", err=True)
                 raise SystemExit(UNUSABLE) from None

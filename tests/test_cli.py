@@ -72,6 +72,30 @@ def test_an_unreachable_tracking_server_is_exit_2(monkeypatch, tmp_path):
         mlflow.set_tracking_uri(None)
 
 
+def test_a_damaged_store_is_reported_as_the_stores_problem_not_our_bug(tmp_path):
+    """A store left half-migrated (a kill inside MLflow's own migrations: a table gone, the
+    schema version back at the first revision) fails inside MLflow's migrations with a bare
+    SQLAlchemy error: exit 2 and one line naming the store, not "internal error (a bug in
+    mlflow-rag-eval)" and exit 3."""
+    import shutil
+    import sqlite3
+
+    made = tmp_path / "made.db"
+    run_id = mlflow.MlflowClient(f"sqlite:///{made}").create_run("0").info.run_id
+    damaged = tmp_path / "damaged.db"  # a path this process never opened: MLflow migrates it anew
+    shutil.copy(made, damaged)
+    with sqlite3.connect(damaged) as db:
+        db.execute("DROP TABLE tags")
+        db.execute("UPDATE alembic_version SET version_num = '451aebb31d03'")
+    try:
+        result = _invoke("compare", run_id, run_id, "--no-log", "--tracking-uri", f"sqlite:///{damaged}")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert result.exit_code == 2, result.output
+    assert "the tracking store failed (OperationalError" in result.output, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+
+
 def test_a_bad_tracking_uri_is_exit_2(tmp_path):
     policy = tmp_path / "gate.yaml"
     policy.write_text("require_metrics: [faithfulness]\n")
