@@ -14,6 +14,7 @@ say "refused", 2 "your input").
 
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 from pathlib import Path
@@ -162,6 +163,41 @@ _tracking_option = click.option(
 )
 
 
+def _judge_limit_options(command):
+    """``--timeout``, ``--deadline``, ``--rate-limit`` and ``--concurrency`` of an LLM judge,
+    given to ``command`` as one ``judge_options`` dict of those set (for ``get_judge``); the
+    local and scripted judges call no provider and refuse them."""
+    positive = click.FloatRange(min=0, min_open=True)
+    options = [
+        click.option("--timeout", type=positive, default=None,
+                     help="LLM judge: seconds one HTTP attempt may take (default 60)."),
+        click.option("--deadline", type=positive, default=None,
+                     help="LLM judge: seconds one judge call may take, retries included (default 120)."),
+        click.option("--rate-limit", "rate_limit", type=positive, default=None,
+                     help="LLM judge: requests per second at most, across threads and retries."),
+        click.option("--concurrency", type=click.IntRange(min=1), default=None,
+                     help="LLM judge: requests in flight at once."),
+    ]
+
+    @functools.wraps(command)
+    def run(*args, timeout, deadline, rate_limit, concurrency, **kwargs):
+        given = {"timeout": timeout, "deadline": deadline, "rate_limit": rate_limit, "concurrency": concurrency}
+        return command(*args, judge_options={k: v for k, v in given.items() if v is not None}, **kwargs)
+
+    for option in reversed(options):
+        run = option(run)
+    return run
+
+
+def _judge(name: str, judge_options: dict):
+    """The judge name as it is when no option is set (the routes build it), else the judge."""
+    if not judge_options:
+        return name
+    from mlflow_rag_eval.judges import get_judge
+
+    return get_judge(name, **judge_options)
+
+
 @main.command("compare")
 @click.argument("run_a")
 @click.argument("run_b")
@@ -253,8 +289,9 @@ def gate_command(model, candidate, champion_alias, policy_path, allow_judge_chan
 @click.option("--experiment", default="rag_eval-calibration", show_default=True, help="Experiment of the calibration run.")
 @click.option("--no-log", is_flag=True, help="Print only; log no calibration run.")
 @_tracking_option
+@_judge_limit_options
 def calibrate_command(labels, run_id, metric, label_name, judge, threshold, label_threshold, limit, n_boot, seed,
-                      experiment, no_log, tracking_uri) -> None:
+                      experiment, no_log, tracking_uri, judge_options) -> None:
     """Measure how a judge-graded metric agrees with human labels (rho, tau, kappa, accuracy,
     AUROC, each with a bootstrap 95% CI) and log it for the gate.
 
@@ -277,7 +314,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
                                         label_threshold=label_threshold, n_boot=n_boot, seed=seed,
                                         log=not no_log, experiment=experiment)
         else:
-            result = calibrate(labels, metric, judge, threshold=threshold, label_threshold=label_threshold,
+            result = calibrate(labels, metric, _judge(judge, judge_options), threshold=threshold, label_threshold=label_threshold,
                                limit=limit, n_boot=n_boot, seed=seed, log=not no_log, experiment=experiment)
     except (ValueError, MlflowException) as exc:
         click.echo(f"cannot calibrate: {_one_line(exc)}", err=True)
@@ -344,7 +381,9 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
                    "MLflow evaluation dataset where the store has them).")
 @click.option("--experiment", default=None, help="Experiment to log in (default: the active one).")
 @_tracking_option
-def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experiment, tracking_uri) -> None:
+@_judge_limit_options
+def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experiment, tracking_uri,
+                    judge_options) -> None:
     """Write a golden set from your documents: questions one passage answers, questions that need
     two, and questions the corpus cannot answer, each checked by the judge; prints what was
     dropped and why, and the set's digest (the ``rag_eval.dataset_digest`` of every run on it).
@@ -356,7 +395,7 @@ def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experi
 
     try:
         shares = tuple(float(x) for x in mix.split(","))
-        golden = generate_golden_set(load_passages(corpus), judge, n=n, mix=shares, seed=seed,
+        golden = generate_golden_set(load_passages(corpus), _judge(judge, judge_options), n=n, mix=shares, seed=seed,
                                      oversample=oversample)
     except (ValueError, JudgeCapabilityError) as exc:
         click.echo(f"cannot write a golden set: {_one_line(exc)}", err=True)
@@ -457,8 +496,9 @@ def _decode_json_cells(frame, mapping, path: str):
               help="With --spark: above this many rows the run gets no per-row table or traces (the rows stay "
                    "in --output).")
 @_tracking_option
+@_judge_limit_options
 def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                     max_error_rate, spark_master, output, max_table_rows, tracking_uri) -> None:
+                     max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
     ``mlflow.evaluate(model_type="rag")`` logs. Prints the run id last.
@@ -476,7 +516,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         raise click.BadParameter(f"{data_path!r} does not exist", param_hint="--data")
     if spark_master:
         _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                           max_error_rate, spark_master, output, max_table_rows, tracking_uri)
+                           max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options)
         return
     if output is not None:
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
@@ -498,7 +538,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
             records = attach_columns(records, frame, slice_fields)
             slice_members(records, slice_fields)
         names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
-        result = evaluate_records(records, names, judge, mapping=mapping)
+        result = evaluate_records(records, names, _judge(judge, judge_options), mapping=mapping)
     except ValueError as exc:
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
@@ -522,7 +562,7 @@ def _column_mapping(columns: tuple[str, ...]) -> dict[str, str]:
 
 
 def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                       max_error_rate, master, output, max_table_rows, tracking_uri) -> None:
+                       max_error_rate, master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
     from mlflow_rag_eval.results import ErrorRateExceeded
 
@@ -541,7 +581,8 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
         path = data_path if "://" in data_path else str(Path(data_path).resolve())
         done = evaluate_spark(path, names, judge, col_mapping=_column_mapping(columns),
                               output=output, max_table_rows=max_table_rows, log_traces=not no_traces,
-                              slice_by=list(slice_by) or None, max_error_rate=max_error_rate, run_name=run_name)
+                              slice_by=list(slice_by) or None, max_error_rate=max_error_rate, run_name=run_name,
+                              judge_options=judge_options)
     except ErrorRateExceeded as exc:
         click.echo(f"evaluation failed: {exc} (the run keeps the evidence)", err=True)
         raise SystemExit(UNUSABLE) from None

@@ -216,6 +216,37 @@ def test_a_csv_cell_that_is_not_json_is_refused_naming_it(tracking_uri, tmp_path
     assert mlflow.search_runs().empty
 
 
+def test_evaluate_sets_an_llm_judges_limits_from_the_command_line(tracking_uri, tmp_path, monkeypatch):
+    """--timeout, --deadline, --rate-limit and --concurrency reach the judge: a server that takes
+    3 s a reply times the row out under --deadline 1 (the defaults, 60 s and 120 s, would wait
+    and score it), and the lineage holds the rate limit."""
+    from mlflow_rag_eval.testing import FakeJudgeServer, Reply
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    path = tmp_path / "rows.jsonl"
+    _write_rows(_rows().head(1), path)
+    with FakeJudgeServer(reply=Reply(delay=3.0)) as server:
+        result = CliRunner().invoke(main, [
+            "evaluate", "--data", str(path), "--metrics", "faithfulness",
+            "--judge", f"openai:/m?base_url={server.base_url}",
+            "--timeout", "0.5", "--deadline", "1", "--rate-limit", "5", "--concurrency", "1"])
+    assert result.exit_code == 0, result.output
+    run_id = result.stdout.strip().splitlines()[-1]
+    client = mlflow.MlflowClient()
+    assert client.get_run(run_id).data.metrics["faithfulness/n_error"] == 1
+    lineage = json.loads(open(client.download_artifacts(run_id, "rag_eval/judge_lineage.json", str(tmp_path))).read())
+    assert lineage["judge"]["params"]["rate_limit"] == 5.0, lineage["judge"]
+
+
+def test_judge_limits_are_refused_for_a_judge_that_calls_no_provider(tracking_uri, tmp_path):
+    path = tmp_path / "rows.jsonl"
+    _write_rows(_rows(), path)
+    result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "faithfulness",
+                                       "--timeout", "5"])
+    assert result.exit_code == 2 and "timeout" in result.output, result.output
+    assert mlflow.search_runs().empty
+
+
 def test_evaluate_refuses_a_bad_cell_naming_it_and_logs_nothing(tracking_uri, tmp_path):
     rows = _rows()
     rows.loc[2, "answer"] = None

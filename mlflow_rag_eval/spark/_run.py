@@ -35,7 +35,7 @@ from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, check_value_count
 from mlflow_rag_eval.evaluation.suite import Suite, prepare_suite
-from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable
+from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable, get_judge
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
@@ -96,6 +96,7 @@ def evaluate_spark(
     log_traces: bool = True,
     slice_by: list[str] | None = None,
     max_error_rate: float | None = None,
+    judge_options: dict[str, Any] | None = None,
     run_name: str | None = None,
 ) -> SparkEvaluation:
     """Evaluate a Spark DataFrame (or a Parquet path) of RAG rows into one MLflow run.
@@ -124,6 +125,8 @@ def evaluate_spark(
         max_error_rate: raise :class:`~mlflow_rag_eval.results.ErrorRateExceeded` after logging
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
+        judge_options: what the judge is built with (``get_judge(judge, **judge_options)``: an LLM
+            judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker.
 
     Raises:
         RecordError: the first bad cell (global row index and column), before any judge call and
@@ -141,7 +144,7 @@ def evaluate_spark(
     run_id = _run_to_log_into(client, run_id)
 
     indexed, n_rows, columns = _read(data, output)
-    plan, suite, available = _plan(columns, metrics, judge, mapping, slice_fields)
+    plan, suite, available = _plan(columns, metrics, judge, mapping, slice_fields, judge_options or {})
     indexed = spread(indexed, n_rows, whole_blocks=plan.judge is not None)
     plan = _validated(indexed, plan, suite, columns, n_rows)
 
@@ -149,18 +152,22 @@ def evaluate_spark(
     out, context = _score(indexed, plan, suite, available, n_rows, output)
     source = _dataset_source(data)
 
-    def log_into(run_id: str) -> SparkEvaluation:
-        done = _log(out, indexed, plan, n_rows, context, output, run_id, client,
-                    max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
-        log_dataset_input(run_id, source, done.figures.dataset_digest, client)
-        return done
-
+    log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client, source,
+                  max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
     if run_id is None:
         with mlflow.start_run(run_name=run_name) as run:
-            done = log_into(run.info.run_id)
+            done = log(run.info.run_id)
     else:
-        done = log_into(run_id)
+        done = log(run_id)
     announce(done.figures, max_error_rate=max_error_rate)
+    return done
+
+
+def _log_with_input(out, indexed, plan, n_rows, context, output, client, source, run_id: str,
+                    **options: Any) -> SparkEvaluation:
+    """Log the scored rows into ``run_id`` (:func:`_log`) with the data as the run's dataset input."""
+    done = _log(out, indexed, plan, n_rows, context, output, run_id, client, **options)
+    log_dataset_input(run_id, source, done.figures.dataset_digest, client)
     return done
 
 
@@ -191,15 +198,16 @@ def _read(data: DataFrame | str | os.PathLike, output: str | None) -> tuple[Data
 
 
 def _plan(columns: list[str], metrics: list[str | Metric] | None, judge: str, mapping: ColumnMapping,
-          slice_fields: tuple[str, ...]) -> tuple[Plan, Suite, set[str]]:
+          slice_fields: tuple[str, ...], judge_options: dict[str, Any]) -> tuple[Plan, Suite, set[str]]:
     """The suite and the workers' plan from the data's columns alone, on the driver; the fields available."""
     # Whole-column problems (a required column missing, a name twice) from the schema alone,
     # by the single-process code: an empty frame with the data's columns.
     records_from_frame(pd.DataFrame(columns=columns), mapping)
     available = {"answer", "contexts"} | {f for f in _FIELDS if getattr(mapping, f) in columns}
-    suite = prepare_suite(metrics, judge, available, mapping)
+    suite = prepare_suite(metrics, get_judge(judge, **judge_options) if judge_options else judge, available, mapping)
     plan = Plan(tuple(suite.metrics), judge if suite.judge is not None else None, mapping,
-                evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields)
+                evaluation=uuid.uuid4().hex, check_applicable=suite.default, slice_by=slice_fields,
+                judge_options=tuple(sorted(judge_options.items())))
     return plan, suite, available
 
 
@@ -209,8 +217,10 @@ def _validated(indexed: DataFrame, plan: Plan, suite: Suite, columns: list[str],
     _validate(indexed, plan, suite, columns)
     _logger.info("rag eval: %d rows read and checked in %.1f s", n_rows, time.perf_counter() - start)
     workers = min(indexed.sparkSession.sparkContext.defaultParallelism, indexed.rdd.getNumPartitions())
+    # The user's options, with each worker's share of the rate limit and concurrency over them.
+    options = {**dict(plan.judge_options), **dict(worker_share(suite.judge, workers))}
     return replace(plan, metrics=tuple(suite.metrics), check_applicable=False,
-                   judge_options=worker_share(suite.judge, workers))
+                   judge_options=tuple(sorted(options.items())))
 
 
 def _score(indexed: DataFrame, plan: Plan, suite: Suite, available: set[str], n_rows: int,

@@ -78,8 +78,8 @@ class Plan:
     #: fields to slice by (:mod:`mlflow_rag_eval.evaluation.slices`): columns named here are copied into
     #: each record's metadata, and each row's labels are written as ``slice/<field>``
     slice_by: tuple[str, ...] = ()
-    #: options every worker builds its judge with: its share of the user's rate limit and
-    #: concurrency (:func:`mlflow_rag_eval.spark._run.worker_share`)
+    #: options every worker builds its judge with: the user's ``judge_options``, with the worker's
+    #: share of the rate limit and concurrency (:func:`mlflow_rag_eval.spark._run.worker_share`)
     judge_options: tuple[tuple[str, Any], ...] = ()
 
 
