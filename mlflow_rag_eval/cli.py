@@ -157,8 +157,31 @@ def cache_clear(path: Path | None, yes: bool) -> None:
     click.echo(f"Removed {removed} entries from {judge_cache.path}.")
 
 
+#: seconds to wait for a tracking server's first answer before saying it cannot be reached
+REACH_TIMEOUT_S = 10.0
+
+
+def _reachable_tracking_uri(ctx, param, uri: str | None) -> str | None:
+    """``--tracking-uri`` (or $MLFLOW_TRACKING_URI), checked to answer when it is a server.
+
+    MLflow's client retries a server that does not answer for minutes, then reports what it
+    was asked for as missing (a gate said "model version not found" after 247 s); one request
+    to ``/health`` first says in seconds that the server cannot be reached. Any HTTP answer
+    counts as reachable (a managed server may have no ``/health``)."""
+    if not uri or not uri.startswith(("http://", "https://")):
+        return uri
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=(REACH_TIMEOUT_S, REACH_TIMEOUT_S), allow_redirects=False)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise ConnectionError(f"cannot reach the tracking server at {uri} within {REACH_TIMEOUT_S:g} s "
+                              f"({type(exc).__name__}); check the address and that the server runs") from None
+    return uri
+
+
 _tracking_option = click.option(
-    "--tracking-uri", default=None, envvar="MLFLOW_TRACKING_URI",
+    "--tracking-uri", default=None, envvar="MLFLOW_TRACKING_URI", callback=_reachable_tracking_uri,
     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else MLflow's default).",
 )
 

@@ -72,6 +72,46 @@ def test_an_unreachable_tracking_server_is_exit_2(monkeypatch, tmp_path):
         mlflow.set_tracking_uri(None)
 
 
+@pytest.mark.parametrize("command", [
+    ["compare", "a" * 32, "b" * 32, "--no-log"],
+    ["gate", "--model", "m", "--candidate", "1", "--policy", "{policy}"],
+    ["ppi", "--run", "a" * 32],
+    ["calibrate", "--run", "a" * 32],
+    ["evaluate", "--data", "{data}", "--metrics", "mrr"],
+])
+def test_a_tracking_server_that_cannot_be_reached_is_named_at_once(command, tmp_path, monkeypatch):
+    """With MLflow's own retries (minutes on a dead server, then "model version not found"):
+    one request first, and one line saying the server cannot be reached."""
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    policy, data = tmp_path / "gate.yaml", tmp_path / "rows.jsonl"
+    policy.write_text("require_metrics: [faithfulness]\n")
+    _write_rows(_rows(), data)
+    args = [a.format(policy=policy, data=data) for a in command]
+    try:
+        result = _invoke(*args, "--tracking-uri", "http://127.0.0.1:9")  # discard port: nothing listens
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert result.exit_code == 2, result.output
+    assert _one_line(result).endswith("cannot reach the tracking server at http://127.0.0.1:9 within 10 s "
+                                      "(ConnectionError); check the address and that the server runs"), result.output
+
+
+def test_a_tracking_server_that_never_answers_is_named_after_the_reach_timeout(tmp_path, monkeypatch):
+    import socket
+
+    import mlflow_rag_eval.cli as cli
+
+    monkeypatch.setattr(cli, "REACH_TIMEOUT_S", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        try:
+            result = _invoke("compare", "a" * 32, "b" * 32, "--no-log", "--tracking-uri", uri)
+        finally:
+            mlflow.set_tracking_uri(None)
+    assert result.exit_code == 2 and f"cannot reach the tracking server at {uri} within 0.5 s (ReadTimeout)" in \
+        result.output, result.output
+
+
 def test_a_damaged_store_is_reported_as_the_stores_problem_not_our_bug(tmp_path):
     """A store left half-migrated (a kill inside MLflow's own migrations: a table gone, the
     schema version back at the first revision) fails inside MLflow's migrations with a bare
