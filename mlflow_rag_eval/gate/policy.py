@@ -105,6 +105,11 @@ Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_hi
 ``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the
 metric at 0.8 or more. A run without it fails that floor, like any missing statistic.
 
+A policy file is read strictly: a key given twice in one mapping (YAML would keep the last one,
+silently: a second, lower floor would replace the one a reviewer reads) and any YAML anchor or
+alias (a policy has no use for them, and nested aliases expand to gigabytes) are refused,
+naming the key and its line, before anything is built.
+
 The policy is a pydantic model (:class:`GatePolicy`, unknown keys forbidden at every level);
 its JSON schema ships beside this module as ``policy.schema.json``, for editors: put
 ``# yaml-language-server: $schema=<path to policy.schema.json>`` at the top of a policy file.
@@ -114,6 +119,7 @@ write_json_schema; write_json_schema()"``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -410,10 +416,14 @@ def _check_limit_name(name: str, item: str, *, floors: bool, under: str = "") ->
 def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePolicy:
     """A :class:`GatePolicy` from a YAML file, a mapping, or a policy (returned as is).
 
+    The file is read strictly (:func:`_read_yaml`): a key given twice in one mapping, or a YAML
+    anchor or alias anywhere, is refused, naming the key and its line. JSON is YAML, so a JSON
+    policy file is read by the same rules, duplicate keys included.
+
     Raises:
-        PolicyError: unreadable or empty file (not UTF-8, not YAML), unknown key (at any level),
-            wrong type or impossible value, or no gated metric; the message names the key or
-            the file.
+        PolicyError: unreadable or empty file (not UTF-8, not YAML), a duplicate key, an anchor
+            or alias, unknown key (at any level), wrong type or impossible value, or no gated
+            metric; the message names the key or the file.
     """
     if isinstance(source, GatePolicy):
         return source  # validated when it was made
@@ -429,7 +439,7 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
             raise PolicyError(str(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                                          f"{exc.start}); save the policy as UTF-8") from None
         try:
-            data = yaml.safe_load(text)
+            data = _read_yaml(text, path)
         except yaml.YAMLError as exc:
             raise PolicyError(str(path), "not valid YAML: " + " ".join(str(exc).split())) from None
         if data is None:
@@ -443,6 +453,92 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
         return GatePolicy.model_validate(dict(source))
     except ValidationError as exc:
         raise _policy_error(exc) from None
+
+
+# -- the strict YAML reader: what YAML accepts silently and a policy must not ----------------------
+def _read_yaml(text: str, path: Path) -> Any:
+    """The document of a policy file, read by :func:`_strict_loader`'s rules.
+
+    Raises:
+        PolicyError: a duplicate key, a merge key, an anchor or an alias (naming key and line).
+        yaml.YAMLError: text that is not YAML.
+    """
+    loader = _strict_loader()(text, path)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _strict_loader() -> type:
+    """A ``yaml.SafeLoader`` that refuses, while composing (before any value is built):
+
+    * a key given twice in one mapping, at any depth. YAML keeps the last one silently, so a
+      second ``faithfulness/mean: 0.1`` under ``floors`` would weaken the floor that a reviewer
+      reads on the line above it. ``<<`` merge keys too: the keys they merge are overridden
+      by the mapping's own, silently, in the same way;
+    * an anchor (``&name``) or alias (``*name``). A policy has no use for them (it is a few
+      dozen scalars), and a few lines of nested aliases (a "billion laughs") expand to
+      billions of values once built or validated: gigabytes and minutes before the unknown
+      key they sit under is reported. Refused at the first anchor's event, nothing expanded.
+
+    Built on first use, so that importing the policy module does not import PyYAML.
+    """
+    import yaml
+
+    class StrictPolicyLoader(yaml.SafeLoader):
+        def __init__(self, stream: str, path: Path):
+            super().__init__(stream)
+            self.policy_file = str(path)
+            self.keys: list[str | int | None] = []  # where the node being composed sits
+
+        def _where(self, *more: str | int) -> str:
+            return _dotted(tuple(k for k in (*self.keys, *more) if k is not None))
+
+        def compose_node(self, parent, index):
+            self.keys.append(index.value if isinstance(index, yaml.ScalarNode) else
+                             index if isinstance(index, int) else None)
+            try:
+                event = self.peek_event()
+                if event.anchor is not None:  # an AliasEvent's anchor is the name it refers to
+                    sign, what = ("*", "alias") if isinstance(event, yaml.AliasEvent) else ("&", "anchor")
+                    raise PolicyError(self._where(), (
+                        f"YAML {what} {sign}{event.anchor} at line {event.start_mark.line + 1} of "
+                        f"{self.policy_file}: a policy has no use for anchors and aliases (&name, *name), "
+                        "and expanding them can take gigabytes; write each value out"))
+                return super().compose_node(parent, index)
+            finally:
+                self.keys.pop()
+
+        def compose_mapping_node(self, anchor):
+            node = super().compose_mapping_node(anchor)
+            first: dict[Any, Any] = {}  # key -> its first mark
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise PolicyError(self._where("<<"), (
+                        f"YAML merge key at line {key_node.start_mark.line + 1} of {self.policy_file}: the mapping's own keys "
+                        "override the merged ones silently; write each key once"))
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # a list or mapping as a key: the constructor refuses it
+                key = self.construct_object(key_node)
+                if key in first:
+                    here, there = _place(key_node.start_mark, first[key])
+                    raise PolicyError(self._where(key_node.value), (
+                        f"duplicate key {key_node.value!r} at {here} of {self.policy_file} (first at {there}): "
+                        "YAML would keep the last value silently; write each key once"))
+                first[key] = key_node.start_mark
+            return node
+
+    return StrictPolicyLoader
+
+
+def _place(mark, first) -> tuple[str, str]:
+    """Where a duplicate key and its first occurrence are: lines, with columns when they share
+    one (a JSON policy on a single line)."""
+    if mark.line != first.line:
+        return f"line {mark.line + 1}", f"line {first.line + 1}"
+    return f"line {mark.line + 1}, column {mark.column + 1}", f"column {first.column + 1}"
 
 
 # -- pydantic's errors as PolicyError: the dotted key and a message a policy author can act on ---
