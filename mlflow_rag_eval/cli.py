@@ -645,7 +645,9 @@ def ppi_command(run_id, metric, label_name, labels_path, confidence, no_log, tra
         raise click.UsageError("--label-name names feedback on the run's traces; --labels reads a file instead")
     estimate = ppi_from_run(run_id, metric, label_name=label_name, labels=labels_path, confidence=confidence,
                             log=not no_log)
-    click.echo(f"{metric}: PPI++ mean {estimate.mean:.3f}, {confidence:.0%} CI [{estimate.ci_low:.3f}, "
-               f"{estimate.ci_high:.3f}] from {estimate.n_human} human labels and {estimate.n_unlabelled} other rows "
+    interval = (f"{confidence:.0%} CI [{estimate.ci_low:.3f}, {estimate.ci_high:.3f}]" if estimate.ci_low is not None
+                else f"no CI ({estimate.reason})")
+    click.echo(f"{metric}: PPI++ mean {estimate.mean:.3f}, {interval} "
+               f"from {estimate.n_human} human labels and {estimate.n_unlabelled} other rows "
                f"(judge weight {estimate.lam:.2f}); the judge alone says {estimate.judge_mean:.3f}, "
                f"the labels alone {estimate.human_mean:.3f}")

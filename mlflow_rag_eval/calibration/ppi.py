@@ -23,6 +23,16 @@ def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str |
     row cannot be paired); labels are read as :func:`~mlflow_rag_eval.calibration.labels.labels_from_run`
     reads them (yes/no or a number in [0, 1], averaged over reviewers).
 
+    Where the labels cannot give an interval (fewer than
+    :data:`~mlflow_rag_eval.stats.ppi.MIN_LABELS`, or all one value: see
+    :mod:`mlflow_rag_eval.stats.ppi`), the estimate says why (``reason``; ``ci_low``/``ci_high``
+    None) and no ``<metric>/ppi_ci_low``, ``/ppi_ci_high`` or ``/ppi_se`` is logged, so that a
+    floor on them fails as missing and ``decide_on: ppi`` cannot decide, never passes on a
+    zero-width interval. MLflow cannot delete a metric: where an earlier estimate on the run
+    logged an interval, its keys are overwritten with NaN, which fails every floor and ceiling
+    (and which :func:`~mlflow_rag_eval.stats.ppi.ppi_difference` reads as no interval), rather
+    than leave a stale interval beside the new estimate.
+
     Raises:
         ValueError: the run holds no rag evaluation, or fewer than 2 labelled or no unlabelled
             scored rows.
@@ -54,6 +64,10 @@ def ppi_from_run(run_id: str, metric: str = "faithfulness", *, label_name: str |
         now = int(time.time() * 1000)
         figures = {**estimate.as_metrics(key), f"{key}/ppi_lambda": estimate.lam,
                    f"{key}/ppi_confidence": confidence}
+        if estimate.reason:  # no interval: one an earlier estimate logged must not stand beside this one
+            logged = client.get_run(run_id).data.metrics
+            figures.update({k: float("nan") for k in (f"{key}/ppi_ci_low", f"{key}/ppi_ci_high", f"{key}/ppi_se")
+                            if k in logged})
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
     return estimate
 

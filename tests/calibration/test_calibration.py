@@ -319,6 +319,12 @@ def test_ppi_from_a_labels_file_matches_rows_by_question(tracking_uri, local_jud
                         [scores[i] for i in range(len(table)) if i not in picked])
     assert f"PPI++ mean {expected.mean:.3f}" in out.output
     assert ppi_from_run(run_id, labels=path, log=False).ci_low == pytest.approx(expected.ci_low, abs=1e-12)
+    few = tmp_path / "few.jsonl"
+    pd.read_json(path, lines=True).head(4).to_json(few, orient="records", lines=True)
+    out = CliRunner().invoke(main, ["ppi", "--run", run_id, "--labels", str(few), "--no-log",
+                                    "--tracking-uri", tracking_uri])
+    assert out.exit_code == 0, out.output  # an estimate without an interval, and why
+    assert "no CI (4 human labels, fewer than 10" in out.output, out.output
     stray = pd.DataFrame({"question": ["When does the zoo open?"], "label": [1]})
     with pytest.raises(ValueError, match=r"labels row 0 \(question='When does the zoo open\?'\): matches 0 rows"):
         ppi_from_run(run_id, labels=stray, log=False)
