@@ -28,6 +28,7 @@ change is real. A value only one run has is shown with the other side empty.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class EvaluatedRun:
     slices: dict[str, Any] | None = None
     #: the run's MLflow metrics (the PPI estimates a reviewer's labels added, among others)
     metrics: dict[str, float] = field(default_factory=dict)
+    #: sha256 of the bytes of the run's ``eval_results_table.json``, as read: which rows a
+    #: decision made on this run saw (None when the table was not read from a run)
+    table_sha256: str | None = None
 
     @property
     def identity(self) -> dict[str, str | None]:
@@ -97,15 +101,16 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
         raise NotComparable(f"run {run_id} holds no rag evaluation")
     with tempfile.TemporaryDirectory() as tmp:
         path = client.download_artifacts(run_id, "eval_results_table.json", tmp)
-        with open(path) as f:
-            table = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
+        table = json.loads(raw)
         lineage_path = client.download_artifacts(run_id, "rag_eval/judge_lineage.json", tmp)
         with open(lineage_path) as f:
             lineage = json.load(f)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
     directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
     return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client),
-                        dict(run.data.metrics))
+                        dict(run.data.metrics), hashlib.sha256(raw).hexdigest())
 
 
 def paired_scores(a: EvaluatedRun, b: EvaluatedRun, metric: str,

@@ -1,8 +1,14 @@
-"""The gate's checks, as pure functions of logged metrics, a paired comparison and calibrations.
+"""The gate's checks, as pure functions of a run's figures, a paired comparison and calibrations.
 
 Each check is one row of the decision table: which metric, what kind of check, the value seen,
 the threshold, and whether it passed. A failed check carries a one-line reason. A per-slice
 check names its slice (``difficulty=hard``), shown beside its kind.
+
+The figures checked are recomputed from the run's per-row table (:func:`verified_figures`):
+anyone who can write to a run can overwrite its metrics (``log_metric(run, "faithfulness/n_error",
+0)``), and a logged figure that disagrees with the rows it summarizes is refused, not believed.
+The PPI figures (``<metric>/ppi_*``, logged later from human labels) are not in the table: they
+are read from the run's metrics, and refused only when they are not finite numbers.
 """
 
 from __future__ import annotations
@@ -13,14 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from mlflow_rag_eval import stats
 from mlflow_rag_eval._util.text_table import text_table
 from mlflow_rag_eval.gate.policy import EVERY_SLICE, GatePolicy
-from mlflow_rag_eval.keys import is_slice_key, split_aggregate_key
+from mlflow_rag_eval.keys import AGGREGATES, PPI_STATS, is_slice_key, metric_key, score_column, split_aggregate_key
+from mlflow_rag_eval.results import summarize_values
 
 __all__ = [
-    "Check", "calibration_check", "metric_checks", "regression_check", "regression_p_values",
-    "slice_checks", "table",
+    "AlteredRun", "Check", "calibration_check", "metric_checks", "regression_check", "regression_p_values",
+    "slice_checks", "table", "verified_figures",
 ]
 
 
@@ -53,6 +63,120 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
+
+
+class AlteredRun(ValueError):
+    """A run's logged figure disagrees with its rows table (or is not a finite number): the
+    message names the run, the figure and both values."""
+
+
+#: how far a logged figure may be from the table's and still be the same figure: the table keeps
+#: 15 decimals (``eval_results_table.json``), and a route may sum the scores in another order
+_NOISE = 1e-9
+
+
+#: what MLflow's SQL stores keep for an infinite metric (they cannot store inf)
+_LARGEST = float(np.finfo(float).max)
+
+
+def _is_infinite(value: float) -> bool:
+    return math.isinf(value) or abs(value) >= _LARGEST
+
+
+def _is_number(value: float) -> bool:
+    """Finite, and not MLflow's stored inf."""
+    return math.isfinite(value) and abs(value) < _LARGEST
+
+
+def _shown(value: float) -> str:
+    """A logged figure as a message writes it: ``inf`` for MLflow's stored inf, counts as ints."""
+    if _is_infinite(value):
+        return "inf" if value > 0 else "-inf"
+    return str(int(value)) if _is_number(value) and value.is_integer() else f"{value:g}"
+
+
+def _table_summary(evaluation, metric: str):
+    """:func:`~mlflow_rag_eval.results.summarize_values` of the metric's rows in the run's table
+    (``<key>/score``, ``<key>/error``), as the evaluation summarized them when it logged the run;
+    None when the table has no score column for it."""
+    frame = evaluation.table
+    if score_column(metric) not in frame:
+        return None
+    scores = evaluation.scores(metric)
+    error_column = f"{metric_key(metric)}/error"  # beside <key>/score, as EvaluationResult.table writes it
+    failed = pd.notna(frame[error_column]).to_numpy() if error_column in frame else np.zeros(len(frame), bool)
+    scored = ~np.isnan(scores) & ~failed
+    if not np.isfinite(scores[scored]).all():
+        raise AlteredRun(f"run {evaluation.run_id}: its rows table holds a non-finite {score_column(metric)}: "
+                         "no evaluation writes one; the table was altered after it was evaluated")
+    n_error = int(failed.sum())
+    return summarize_values(scores[scored], n_error, len(frame) - int(scored.sum()) - n_error)
+
+
+def _disagreement(run_id: str, key: str, logged: float, recomputed: float | None) -> str | None:
+    """Why a logged figure is not the table's (None when it is, within float noise)."""
+    stat = split_aggregate_key(key)[1]
+    if recomputed is not None and _is_number(logged):
+        same = logged == recomputed if stat in ("n_scored", "n_error") else \
+            math.isclose(logged, recomputed, rel_tol=_NOISE, abs_tol=_NOISE)
+        if same:
+            return None
+    if stat == "n_error":
+        table_says = f"has {int(recomputed)} errors" if recomputed is not None else "has no such metric"
+    elif stat == "n_scored":
+        table_says = f"has {int(recomputed)} scored rows" if recomputed is not None else "has no such metric"
+    else:
+        table_says = f"gives {recomputed:.6g}" if recomputed is not None else "gives none (no scored row, or no CI)"
+    seed = (f", or its CI was computed with a bootstrap seed other than {stats.SEED}"
+            if stat in ("ci_low", "ci_high") else "")
+    return (f"run {run_id}: logged {key}={_shown(logged)} but its rows table {table_says}; "
+            f"the run was altered after it was evaluated{seed}")
+
+
+def verified_figures(evaluation, metrics, keys=()) -> dict[str, float]:
+    """The run's figures for the gate, each one it checks recomputed from the run's rows table.
+
+    For each metric of ``metrics`` (keys) the run logged, its ``n_scored``, ``n_error`` and
+    ``mean``; for each aggregate key of ``keys`` (``faithfulness/p10``: a floor's or a
+    ceiling's), that statistic: each is :func:`~mlflow_rag_eval.results.summarize_values` of
+    the table's rows (the function that computed the logged figure), compared with the logged
+    one and used in its place. A figure the run did not log stays out (the checks report it
+    missing). Every other metric is the run's as logged: the PPI estimates, which the table
+    does not hold, are refused when infinite (NaN is how ``mlflow-rag-eval ppi`` says "no
+    interval": the checks fail on it).
+
+    Raises:
+        AlteredRun: a logged figure disagrees with the table beyond float noise, or is not a
+            finite number, naming the run, the figure and both values.
+    """
+    logged = dict(evaluation.metrics)
+    wanted: dict[str, set[str]] = {}
+    for metric in metrics:
+        if f"{metric}/n_scored" in logged:
+            wanted.setdefault(metric, set()).update(("n_scored", "n_error", "mean"))
+    for key in keys:
+        metric, stat = split_aggregate_key(key)
+        if stat in AGGREGATES and f"{metric}/n_scored" in logged:
+            wanted.setdefault(metric, set()).add(stat)
+    out = dict(logged)
+    for metric, wanted_stats in wanted.items():
+        summary = _table_summary(evaluation, metric)
+        recomputed = summary.as_metrics(metric) if summary is not None else {}
+        for stat in sorted(wanted_stats):
+            key = f"{metric}/{stat}"
+            if key not in logged:
+                continue
+            why = _disagreement(evaluation.run_id, key, logged[key], recomputed.get(key))
+            if why:
+                raise AlteredRun(why)
+            out[key] = recomputed[key]
+    for metric in metrics:  # NaN is ppi's own "no interval" (it cannot delete a metric): left to the checks
+        for stat in (*PPI_STATS, "ppi_confidence"):
+            value = logged.get(f"{metric}/{stat}")
+            if value is not None and _is_infinite(value):
+                raise AlteredRun(f"run {evaluation.run_id}: logged {metric}/{stat}={_shown(value)} is not a finite "
+                                 "number; the gate cannot decide on it")
+    return out
 
 
 def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Check]:

@@ -3,20 +3,29 @@
 Steps of :func:`gate`:
 
 1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.tracking.search`): the
-   newest on the policy's ``dataset_digest``, else its newest; none -> exit 2;
+   newest on the policy's ``dataset_digest``, else its newest; none -> exit 2. The newest is the
+   one judged, whatever its state: deleted, FAILED, KILLED, still RUNNING or SCHEDULED -> exit 2
+   naming it (an older finished run is not judged in its place: deleting or failing the newest
+   evaluation would choose the evidence);
 2. find the champion (the version holding ``champion_alias``). When no version holds it:
    if the model has no alias at all (or the caller says ``first_version``), the candidate is
    a first version, judged on required metrics, rows, error rate, floors/ceilings and
    calibration only; if the model has other aliases, the alias is taken for a typo and the
    input is unusable (exit 2, naming the aliases that exist), because a mistyped alias would
    otherwise skip the regression check and promote a worse version. The champion's
-   evaluation must be on the candidate's dataset digest (else exit 2); among those, one by
-   the same judge is preferred;
+   evaluation must be on the candidate's dataset digest (else exit 2); among those, the newest
+   by the same judge is preferred, and it must be a finished, live run as the candidate's;
 3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
    changed") unless ``allow_judge_change``, which the decision then records;
-4. the checks: metric checks, per-slice limits (read from the candidate's
+4. the figures: each figure the checks read (per gated metric ``n_scored``, ``n_error``,
+   ``mean``; the statistics its floors and ceilings name) is recomputed from the run's per-row
+   table (:func:`~mlflow_rag_eval.gate.checks.verified_figures`), for the candidate and the
+   champion; a logged figure that disagrees (beyond float noise), or is infinite, -> exit 2:
+   run metrics can be overwritten by anyone who can write to the run, the table is what was
+   evaluated. The sha256 of each table is recorded (``rows_table_sha256``);
+5. the checks, on those figures: metric checks, per-slice limits (read from the candidate's
    ``rag_eval/slices.json``), the paired regression rule vs the champion, calibration;
-5. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
+6. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
    ``rag_eval/gate_decisions/``) and ``rag_eval.gate*`` tags on the candidate's evaluation run;
    model-version tags ``rag_eval.gate`` (passed|failed), ``rag_eval.gate_run_id``,
    ``rag_eval.gate_policy_sha256``, ``rag_eval.gate_decided_at``; on a pass, alias
@@ -24,7 +33,8 @@ Steps of :func:`gate`:
    aliases stay. Unusable input (exit 2) records nothing: no decision was made.
 
 Exit codes: 0 passed, 1 refused, 2 unusable input (bad or empty policy, missing version or
-evaluation, unknown alias, unreadable run or tag, dataset digest mismatch).
+evaluation, an evaluation run that is not finished and live, a run whose metrics disagree with
+its rows table, unknown alias, unreadable run or tag, dataset digest mismatch).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_rag_eval.gate.checks import (
+    AlteredRun,
     Check,
     calibration_check,
     metric_checks,
@@ -44,6 +55,7 @@ from mlflow_rag_eval.gate.checks import (
     regression_p_values,
     slice_checks,
     table,
+    verified_figures,
 )
 from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
 from mlflow_rag_eval.tracking import search as lookup
@@ -76,6 +88,9 @@ class GateDecision:
     judge_fingerprints: dict[str, str | None] = field(default_factory=dict)
     prompts_versions: dict[str, str | None] = field(default_factory=dict)
     dataset_digest: str | None = None
+    #: sha256 of the bytes of the candidate's (and the champion's) ``eval_results_table.json``:
+    #: the rows the figures of this decision were recomputed from
+    rows_table_sha256: dict[str, str | None] = field(default_factory=dict)
     decided_at: str = ""
 
     @property
@@ -175,10 +190,11 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
     mv, candidate_run = _candidate(decision, policy, client)
     champion, champion_run = _champion(decision, client, mv, candidate_run, first_version)
     candidate, champion_eval = _evaluations(client, candidate_run, champion_run)
+    figures = _verified(decision, policy, candidate, champion_eval)
     identity = candidate.identity
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
     decision.prompts_versions["candidate"] = identity["prompts version"]
-    checks = metric_checks(candidate_run.data.metrics, policy) + _stored_rows_check(candidate_run)
+    checks = metric_checks(figures, policy) + _stored_rows_check(candidate_run)
     if policy.slice_floors or policy.slice_ceilings:
         checks += slice_checks(candidate.slices, policy)
     if champion_eval is not None:
@@ -208,8 +224,23 @@ def _candidate(decision: GateDecision, policy: GatePolicy, client):
                         f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
     run = runs[0]
     decision.candidate_run_id = run.info.run_id
+    _refuse_unusable(run, f"the newest evaluation run {run.info.run_id} of {model} v{mv.version}", mv.version)
     decision.dataset_digest = run.data.tags.get("rag_eval.dataset_digest")
     return mv, run
+
+
+def _refuse_unusable(run, what: str, version) -> None:
+    """Exit 2 when ``run`` is not a finished, live run: its table and figures may be partial
+    (RUNNING: killed before it ended), or someone said they do not count (deleted, FAILED)."""
+    state = lookup.unusable_state(run)
+    if state is None:
+        return
+    way_out = {"deleted": f"restore it (MlflowClient().restore_run) or evaluate v{version} again",
+               "RUNNING": f"wait for it to end, or evaluate v{version} again if its process died",
+               "SCHEDULED": f"wait for it to end, or evaluate v{version} again if its process died"}
+    key = "deleted" if run.info.lifecycle_stage != "active" else run.info.status
+    raise _Unusable(f"{what} is {state}: the gate decides only on finished, live evaluation runs; "
+                    f"{way_out.get(key, f'evaluate v{version} again')}")
 
 
 def _champion(decision: GateDecision, client, mv, candidate_run, first_version: bool):
@@ -248,6 +279,8 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
     same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
     champion_run = (same_judge or runs)[0]
     decision.champion_run_id = champion_run.info.run_id
+    _refuse_unusable(champion_run, f"the champion's evaluation run {champion_run.info.run_id} of {model} "
+                                   f"v{champion.version}", champion.version)
     return champion, champion_run
 
 
@@ -263,6 +296,21 @@ def _evaluations(client, candidate_run, champion_run):
     except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
         raise _Unusable(f"cannot read an evaluation run: {exc}") from None
     return candidate, champion
+
+
+def _verified(decision: GateDecision, policy: GatePolicy, candidate, champion) -> dict[str, float]:
+    """The candidate's figures recomputed from its rows table (see
+    :func:`~mlflow_rag_eval.gate.checks.verified_figures`), the champion's checked the same way
+    (its counts and means; the floors are the candidate's), and each table's digest recorded."""
+    decision.rows_table_sha256["candidate"] = candidate.table_sha256
+    if champion is not None:
+        decision.rows_table_sha256["champion"] = champion.table_sha256
+    try:
+        if champion is not None:
+            verified_figures(champion, policy.gated_metrics)
+        return verified_figures(candidate, policy.gated_metrics, [*policy.floors, *policy.ceilings])
+    except AlteredRun as exc:
+        raise _Unusable(str(exc)) from None
 
 
 def _stored_rows_check(candidate_run) -> list[Check]:

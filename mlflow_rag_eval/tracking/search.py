@@ -10,7 +10,12 @@ and calibration runs may live in any experiment:
 - calibrations: ``tags.`rag_eval.calibration` = 'true'`` with the metric, the judge
   fingerprint and the prompts version as tags.
 
-Newest first (``attributes.start_time DESC``); failed and killed runs are left out.
+Newest first (``attributes.start_time DESC``). Calibrations leave failed and killed runs out.
+A version's evaluations are every run that says it evaluated the version, whatever its state
+(deleted, in a deleted experiment, failed, killed, still running): the gate judges the newest
+and refuses it when it is no finished, live run (:func:`unusable_state`), rather than quietly
+judging an older one. Otherwise deleting or failing the newest evaluation would choose which
+evidence the gate sees.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 __all__ = [
     "CALIBRATION_TAG", "UnsearchableValue", "calibration_records", "champion_version", "evaluation_runs",
     "find_calibration",
-    "model_aliases", "model_id_of", "search_all_experiments",
+    "model_aliases", "model_id_of", "search_all_experiments", "unusable_state",
 ]
 
 CALIBRATION_TAG = "rag_eval.calibration"
@@ -38,13 +43,17 @@ def _literal(value: str) -> str:
     return f"'{value}'"
 
 
-def search_all_experiments(client, filter_string: str, max_results: int = 50) -> list:
-    """Runs matching ``filter_string`` in every active experiment, newest first."""
+def search_all_experiments(client, filter_string: str, max_results: int = 50, *,
+                           every_state: bool = False) -> list:
+    """Runs matching ``filter_string`` in every active experiment, newest first, failed and
+    killed runs left out; ``every_state``: in every experiment, deleted ones too, and runs in
+    any state (deleted, failed, killed, running), for a caller that must see them to refuse them."""
     from mlflow.entities import ViewType
 
+    view = ViewType.ALL if every_state else ViewType.ACTIVE_ONLY
     experiment_ids, token = [], None
     while True:
-        page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
+        page = client.search_experiments(view_type=view, page_token=token)
         experiment_ids += [e.experiment_id for e in page]
         token = page.token
         if not token:
@@ -52,11 +61,24 @@ def search_all_experiments(client, filter_string: str, max_results: int = 50) ->
     runs: list = []
     for start in range(0, len(experiment_ids), 100):  # stores cap the ids per query
         runs += client.search_runs(
-            experiment_ids[start : start + 100], filter_string, max_results=max_results,
+            experiment_ids[start : start + 100], filter_string, run_view_type=view, max_results=max_results,
             order_by=["attributes.start_time DESC"],
         )
-    runs = [r for r in runs if r.info.status not in ("FAILED", "KILLED")]
+    if not every_state:
+        runs = [r for r in runs if r.info.status not in ("FAILED", "KILLED")]
     return sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True)[:max_results]
+
+
+def unusable_state(run) -> str | None:
+    """Why ``run`` is no finished, live run to decide on (``deleted (lifecycle_stage deleted)``,
+    ``FAILED, not FINISHED``...), or None when it is one. A run still RUNNING or SCHEDULED is
+    an evaluation that has not ended (or a process killed before it could say so): its table
+    and figures may be partial."""
+    if run.info.lifecycle_stage != "active":
+        return f"{run.info.lifecycle_stage} (lifecycle_stage {run.info.lifecycle_stage})"
+    if run.info.status != "FINISHED":
+        return f"{run.info.status}, not FINISHED"
+    return None
 
 
 def model_id_of(mv) -> str | None:
@@ -68,7 +90,8 @@ def model_id_of(mv) -> str | None:
 
 
 def evaluation_runs(client, mv, dataset_digest: str | None = None) -> list:
-    """The version's evaluation runs, newest first, optionally only on one dataset digest."""
+    """The version's evaluation runs, newest first, optionally only on one dataset digest; in
+    every state (see the module docstring): the caller checks :func:`unusable_state`."""
     clauses = ["tags.`rag_eval.evaluated` = 'true'"]
     if dataset_digest:
         clauses.append(f"tags.`rag_eval.dataset_digest` = {_literal(dataset_digest)}")
@@ -76,7 +99,7 @@ def evaluation_runs(client, mv, dataset_digest: str | None = None) -> list:
     model_id = model_id_of(mv)
     if model_id:
         filt = " and ".join([f"tags.`rag_eval.model_id` = {_literal(model_id)}", *clauses])
-        runs = search_all_experiments(client, filt)
+        runs = search_all_experiments(client, filt, every_state=True)
     if not runs and mv.run_id:
         run = client.get_run(mv.run_id)
         tags = run.data.tags
