@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
@@ -37,6 +38,7 @@ _logger = logging.getLogger(__name__)
 BATCH_SIZE = 1024
 
 
+@callers_logging_kept()
 def evaluate_records(
     records: Sequence[RagRecord],
     metrics: Iterable[str | Metric] | None = None,

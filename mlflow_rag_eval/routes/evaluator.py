@@ -40,6 +40,7 @@ from mlflow.models.evaluation import EvaluationResult as MlflowEvaluationResult
 from mlflow.models.evaluation import ModelEvaluator
 from mlflow.models.evaluation.artifacts import JsonEvaluationArtifact
 
+from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import prepare_suite
@@ -108,6 +109,7 @@ class RagEvaluator(ModelEvaluator):
     def can_evaluate(cls, *, model_type, evaluator_config, **kwargs) -> bool:
         return model_type == MODEL_TYPE
 
+    @callers_logging_kept()
     def evaluate(
         self,
         *,

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
 from mlflow_rag_eval.judges import Judge
@@ -60,6 +61,7 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
     suite = prepare_suite([metric], judge, set(ALL_FIELDS))
     (resolved,), judge_obj = suite.metrics, suite.judge
 
+    @callers_logging_kept()
     def eval_fn(predictions, targets=None, question=None, contexts=None, context_ids=None,
                 reference=None, relevant_ids=None, reference_contexts=None, answerable=None):
         columns = {"question": question, "answer": predictions, "contexts": contexts,

@@ -49,6 +49,7 @@ from mlflow.entities import Feedback
 from mlflow.genai.scorers import Scorer
 from pydantic import PrivateAttr
 
+from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval.evaluation.engine import run_metric
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
@@ -151,6 +152,7 @@ class RagScorer(Scorer):
         self._judge = judge
         self._position = next(_SCORER_ORDER)
 
+    @callers_logging_kept()
     def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None) -> Feedback | None:
         """The row's Feedback; None (no assessment) when the metric does not apply to the row."""
         metric, judge = self._metric, self._judge
