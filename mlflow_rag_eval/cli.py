@@ -14,6 +14,7 @@ say "refused", 2 "your input").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import traceback
@@ -70,6 +71,10 @@ class _Main(click.Group):
     """The group: bad input -> one line and exit 2; a bug -> traceback and exit 3."""
 
     def invoke(self, ctx: click.Context):
+        with _quiet_mlflow(verbose=ctx.params.get("verbose", False)):
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
@@ -90,8 +95,42 @@ class _Main(click.Group):
             raise SystemExit(INTERNAL_ERROR) from None
 
 
+#: what a command sets while it runs, unless -v (or the user set the variable already)
+_QUIET_ENV = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+
+
+@contextlib.contextmanager
+def _quiet_mlflow(verbose: bool):
+    """While a command runs: no "Downloading artifacts" bars and no MLflow INFO lines (one
+    ``compare`` printed six bars), unless ``-v``. Put back as they were afterwards, so a caller
+    that runs the command in its own process (a test, a notebook) keeps its settings."""
+    import logging
+    import os
+
+    if verbose:
+        yield
+        return
+    saved_env = {name: os.environ.get(name) for name in _QUIET_ENV}
+    logger = logging.getLogger("mlflow")  # configured from MLFLOW_LOGGING_LEVEL when mlflow is imported;
+    saved_level = logger.level  # already imported here (a test, a notebook): set it too
+    for name, value in _QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+    if "MLFLOW_LOGGING_LEVEL" not in {n for n, v in saved_env.items() if v is not None}:
+        logger.setLevel(max(saved_level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(saved_level)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @click.group(cls=_Main)
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Show MLflow's own progress bars and INFO lines.")
+def main(verbose: bool) -> None:
     """Evaluate RAG pipelines inside MLflow.
 
     Exit codes: 0 done (gate: passed), 1 refused (gate), 2 unusable input, 3 internal error.

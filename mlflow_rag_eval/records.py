@@ -341,7 +341,7 @@ def records_from_frame(
         if column not in df.columns:
             raise RecordError(
                 f"required column is missing (columns: {list(map(str, df.columns))}); "
-                "map another column to it with evaluator_config={'col_mapping': {...}}",
+                "map another column to it: evaluator_config={'col_mapping': {...}}, or --col FIELD=COLUMN in the CLI",
                 row=None,
                 column=column,
             )
@@ -413,7 +413,7 @@ def validate_inputs(df: pd.DataFrame, mapping: ColumnMapping | None = None) -> N
     if mapping.question not in df.columns:
         raise RecordError(
             f"required column is missing (columns: {list(map(str, df.columns))}); "
-            "map another column to it with evaluator_config={'col_mapping': {...}}",
+            "map another column to it: evaluator_config={'col_mapping': {...}}, or --col FIELD=COLUMN in the CLI",
             row=None,
             column=mapping.question,
         )

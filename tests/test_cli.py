@@ -48,6 +48,22 @@ def test_compare_on_an_unknown_run_id_is_one_line_and_exit_2(tracking_uri, evalu
         assert "compare:" in line and ("not found" in line or "not-a-run" in line), line
 
 
+def test_commands_are_quiet_unless_verbose_and_leave_the_callers_settings(tracking_uri, evaluated_run, monkeypatch):
+    """No "Downloading artifacts" bars from MLflow (six for one compare), unless -v; the
+    environment and the mlflow logger are the caller's again afterwards."""
+    import logging
+    import os
+
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")  # the fixture's, to evaluate quietly
+    env, level = dict(os.environ), logging.getLogger("mlflow").level
+    quiet = _invoke("compare", evaluated_run, evaluated_run, "--no-log", "--tracking-uri", tracking_uri)
+    assert quiet.exit_code == 0, quiet.output
+    assert "Downloading artifacts" not in quiet.output and "faithfulness" in quiet.output
+    assert dict(os.environ) == env and logging.getLogger("mlflow").level == level
+    loud = _invoke("-v", "compare", evaluated_run, evaluated_run, "--no-log", "--tracking-uri", tracking_uri)
+    assert loud.exit_code == 0 and "Downloading artifacts" in loud.output
+
+
 def test_compare_on_a_run_that_is_no_evaluation_is_not_comparable(tracking_uri, evaluated_run):
     with mlflow.start_run() as plain:
         mlflow.log_param("x", 1)
