@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -105,7 +106,6 @@ def _quiet_mlflow(verbose: bool):
     ``compare`` printed six bars), unless ``-v``. Put back as they were afterwards, so a caller
     that runs the command in its own process (a test, a notebook) keeps its settings."""
     import logging
-    import os
 
     if verbose:
         yield
@@ -623,6 +623,21 @@ def _column_mapping(columns: tuple[str, ...]) -> dict[str, str]:
     return dict(c.split("=", 1) for c in columns)
 
 
+def _local_workers_run_this_python(local: bool, start):
+    """``start()`` (a new SparkSession), its workers running this interpreter when they run on
+    this machine: Spark's default, the first ``python3`` on PATH, lacks the package when the CLI
+    is started as ``.venv/bin/mlflow-rag-eval`` without an activated venv. PySpark reads
+    ``PYSPARK_PYTHON`` (not ``spark.pyspark.python``) once, when the context starts: set for that
+    moment only, unless the user set it."""
+    if not local or os.environ.get("PYSPARK_PYTHON"):
+        return start()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        return start()
+    finally:
+        os.environ.pop("PYSPARK_PYTHON", None)
+
+
 def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
                        max_error_rate, master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
@@ -637,7 +652,9 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
         raise SystemExit(UNUSABLE) from None
     _use_store(tracking_uri, experiment)
     started = SparkSession.getActiveSession() is None  # a caller's session (a notebook, a test) is left running
-    spark = SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate()
+    spark = _local_workers_run_this_python(
+        started and master.startswith("local"),
+        SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate)
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     try:
         path = data_path if "://" in data_path else str(Path(data_path).resolve())

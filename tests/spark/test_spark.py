@@ -573,3 +573,23 @@ def test_a_cluster_needs_an_output_every_executor_can_write(spark, rows_2000, tr
     with pytest.raises(ValueError, match="on a cluster .* give output="):
         evaluate_spark(rows_2000[1], ["mrr"])
     assert mlflow.search_runs(output_format="list") == []
+
+
+def test_cli_on_a_local_master_starts_its_workers_with_its_own_interpreter(rows_2000, tmp_path):
+    """``.venv/bin/mlflow-rag-eval evaluate --spark local[1]`` from a shell without the venv
+    activated: Spark's workers would start the first ``python3`` on PATH, which lacks pandas
+    (the test puts one that exits at once first on PATH); they run the CLI's interpreter."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'not the venv python' >&2\nexit 7\n")
+    (fake / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "VIRTUAL_ENV")}
+    env.update(PATH=f"{fake}:{os.environ['PATH']}", SPARK_LOCAL_IP="127.0.0.1",
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cli = Path(sys.executable).with_name("mlflow-rag-eval")
+    proc = subprocess.run([str(cli), "evaluate", "--data", str(rows_2000[1]), "--spark", "local[1]",
+                           "--metrics", "mrr", "--no-traces", "--output", str(tmp_path / "scored")],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(proc.stdout.strip().splitlines()[-1])
+    assert run.data.metrics["mrr/n_scored"] > 0
