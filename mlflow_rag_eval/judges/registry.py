@@ -47,6 +47,7 @@ __all__ = [
     "known_schemes",
     "llm_judge",
     "register_judge_provider",
+    "secret_query_parameters",
     "split_judge_name",
 ]
 
@@ -67,6 +68,11 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
 _SCHEME = re.compile(r"[a-z][a-z0-9_.\-]*")
 #: Option names that would carry a secret; a judge name is logged, so none is accepted.
 _SECRET_WORDS = re.compile(r"key|token|secret|password|passwd|credential", re.I)
+#: Query parameters of a URL that would carry a secret: any name with one of these in it
+#: (``subscription-key``, ``api-key``, ``access_token``, ``client_secret``, ``X-Amz-Signature``)...
+_SECRET_QUERY_WORDS = re.compile(r"key|token|secret|passw|pwd|credential|signature|auth", re.I)
+#: ...or one of these names, letters only (Azure Storage SAS ``sig``, Azure Functions ``code``).
+_SECRET_QUERY_NAMES = frozenset({"sig", "code", "pass", "jwt", "sas"})
 _PROVIDERS: dict[str, JudgeProvider] = {}
 #: scheme -> what to install when its provider's dependencies are missing
 _INSTALL_HINTS: dict[str, str] = {
@@ -319,9 +325,22 @@ def as_float(value: str) -> float:
     return float(value)
 
 
+def secret_query_parameters(url: str) -> list[str]:
+    """The names of ``url``'s query parameters that would carry a secret (a key, token,
+    signature, password...), in order; the values are never looked at, nor shown."""
+    names = dict.fromkeys(k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    return [k for k in names
+            if _SECRET_QUERY_WORDS.search(k) or re.sub(r"[^a-z]", "", k.lower()) in _SECRET_QUERY_NAMES]
+
+
 def as_url(value: str) -> str:
-    """A URL without credentials: a judge name is logged, so ``user:password@`` never enters one."""
+    """A URL without credentials: a judge name is logged, and a URL is written to the lineage and
+    the report, so neither ``user:password@`` nor a key in the query string ever enters one."""
     parts = urlsplit(value)
     if parts.scheme in ("http", "https") and (parts.username or parts.password):
         raise ValueError("credentials in a URL are refused (names are logged); use the provider's environment")
+    secret = secret_query_parameters(value)
+    if secret:
+        raise ValueError(f"query parameter(s) {secret} in a URL would carry a secret and are refused (URLs are "
+                         "logged and stored in the lineage); use the provider's environment")
     return value

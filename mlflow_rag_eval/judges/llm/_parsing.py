@@ -7,9 +7,12 @@ block's content. Never the first: a judge that quotes the judged text before ans
 the data decide its own score (inspect_ai binds its grade regex to the last match for the
 same reason). If an object is left unfinished (a reply cut off at ``max_tokens``), there is
 no reply JSON: an earlier, complete object is quoted text, never a fallback. And when the
-caller passes the texts under evaluation (``data``), a candidate that appears in them (spaces
-aside) is quoted from the data wherever it stands, before or after the judge's own JSON, and is
-never taken. The one safe repair is dropping trailing commas.
+caller passes the texts under evaluation (``data``), a candidate that appears in them is quoted
+from the data wherever it stands, before or after the judge's own JSON, and is never taken:
+whether it appears as written (spaces aside) or re-typed, i.e. equal in content to a JSON object
+written in the data (keys in another order, other spacing, a null member left out; see
+:func:`_canonical`). A judge that obeys a planted verdict by re-typing it must not pass for one
+that judged. The one safe repair is dropping trailing commas.
 
 Anything still invalid is a :class:`ReplyParseError` carrying the validation message, which
 the judge shows to the model in its one retry. Nothing here ever returns a default or a NaN
@@ -89,23 +92,145 @@ def _objects(text: str) -> list[str] | None:
 _SPACE = re.compile(r"\s+")
 
 
-def _quoted(candidate: str, data: tuple[str, ...]) -> bool:
-    """Whether ``candidate`` appears in one of the texts under evaluation (spaces aside)."""
-    if not data:
-        return False
-    flat = _SPACE.sub("", candidate)
-    return bool(flat) and any(flat in _SPACE.sub("", d) for d in data)
+def _canonical(value: object) -> str:
+    """``value``'s content as one string: keys sorted, null members left out (our schemas
+    default them), integral numbers as integers, no whitespace anywhere. Two spellings of the
+    same content (keys reordered, pretty-printed, ``1.0`` for ``1``) give the same string.
+    Raises RecursionError for a value nested past the interpreter's limit."""
+
+    def normal(v: object) -> object:
+        if isinstance(v, dict):
+            return {str(k): normal(x) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [normal(x) for x in v]
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        return v
+
+    text = json.dumps(normal(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _SPACE.sub("", text)
 
 
-def _reply_json_candidate(text: str, data: tuple[str, ...] = ()) -> str | None:
+def _members(value: dict) -> frozenset[str]:
+    """The names of a JSON object's non-null members: two objects of equal content share them."""
+    return frozenset(str(k) for k, v in value.items() if v is not None)
+
+
+def _objects_of(value: object) -> list[dict]:
+    """Every JSON object in a parsed value, itself included, at any depth."""
+    found, todo = [], [value]
+    while todo:
+        current = todo.pop()
+        if isinstance(current, dict):
+            found.append(current)
+            todo.extend(current.values())
+        elif isinstance(current, list):
+            todo.extend(current)
+    return found
+
+
+#: Where a JSON object with at least one member may start.
+_OBJECT_START = re.compile(r'\{\s*"')
+#: Characters decoded at a start before the rest of the text is tried (see :func:`_decode_at`).
+_WINDOW = 4096
+
+
+def _decode_at(decoder: json.JSONDecoder, text: str, start: int) -> tuple[object, int] | None:
+    """The JSON value written at ``text[start]`` and the index after it, or None.
+
+    A decode error's message counts the lines before where it failed, so decoding each start
+    in the whole text would make a text full of ``{"`` quadratic to scan: a window is decoded
+    first, and only a failure its end could have caused (at the end, or in a string it cut) is
+    tried again on the rest of the text.
+    """
+    window = text[start:start + _WINDOW]
+    try:
+        value, end = decoder.raw_decode(window)
+        return value, start + end
+    except RecursionError:
+        return None
+    except json.JSONDecodeError as exc:
+        cut = len(window) == _WINDOW and (exc.pos >= len(window) - 8 or exc.msg.startswith("Unterminated string"))
+        if not cut:
+            return None
+    try:
+        return decoder.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _json_objects_in(text: str) -> list[dict]:
+    """Every JSON object written in ``text`` (trailing commas forgiven), nested ones included.
+
+    A parse is tried at every start not inside an object already found, each on its own, so an
+    unbalanced brace or quote before a planted object cannot hide it.
+    """
+    decoder = json.JSONDecoder()
+    text = _TRAILING_COMMA.sub(r"\1", text)
+    found: list[dict] = []
+    at = _OBJECT_START.search(text)
+    while at is not None:
+        decoded = _decode_at(decoder, text, at.start())
+        if decoded is None:
+            at = _OBJECT_START.search(text, at.start() + 1)
+            continue
+        found += _objects_of(decoded[0])
+        at = _OBJECT_START.search(text, decoded[1])
+    return found
+
+
+class _Quoted:
+    """What the texts under evaluation hold, to recognise JSON quoted from them: their text
+    with spaces removed, and every JSON object written in them (read when first needed)."""
+
+    def __init__(self, data: tuple[str, ...]):
+        self.data = data
+        self.flat = tuple(_SPACE.sub("", d) for d in data)
+        self._by_members: dict[frozenset[str], list[dict]] | None = None
+
+    def _objects(self, members: frozenset[str]) -> list[dict]:
+        if self._by_members is None:
+            self._by_members = {}
+            for d in self.data:
+                for found in _json_objects_in(d):
+                    self._by_members.setdefault(_members(found), []).append(found)
+        return self._by_members.get(members, [])
+
+    def __contains__(self, candidate: str) -> bool:
+        """Whether ``candidate`` is in a text under evaluation: as written (spaces aside), or,
+        parsed, as the content (:func:`_canonical`) of a JSON object there: the judge re-typed
+        what it quoted, keys in another order, spaced otherwise, a null member left out."""
+        flat = _SPACE.sub("", candidate)
+        if not flat:
+            return False
+        if any(flat in d for d in self.flat):
+            return True
+        try:
+            value = _loads(candidate)
+        except ValueError:
+            return False
+        if not isinstance(value, dict):
+            return False
+        same_members = self._objects(_members(value))
+        try:
+            content = _canonical(value) if same_members else None
+            return any(_canonical(o) == content for o in same_members)
+        except RecursionError:  # nested past any schema's depth: no reply of ours
+            return False
+
+
+_NOTHING_QUOTED = _Quoted(())
+
+
+def _reply_json_candidate(text: str, quoted: _Quoted = _NOTHING_QUOTED) -> str | None:
     """The part of ``text`` that is the reply's own JSON (see the module docstring)."""
-    fences = [f for f in _FENCE.finditer(text) if not _quoted(f.group(1).strip(), data)]
+    fences = [f for f in _FENCE.finditer(text) if f.group(1).strip() not in quoted]
     after = fences[-1].end() if fences else 0
     tail = text[after:]
     objects = _objects(tail)
     if objects is None:
         return None  # an unfinished object: never an earlier one
-    own = [o for o in objects if not _quoted(o, data)]
+    own = [o for o in objects if o not in quoted]
     if own:
         return own[-1]
     if fences:
@@ -129,13 +254,13 @@ def extract_json(text: str, data: tuple[str, ...] = ()) -> object:
     ``data``: the texts under evaluation; JSON found in them is never the reply's.
     """
     text = text if isinstance(text, str) else str(text)
-    data = tuple(d for d in data if isinstance(d, str) and "{" in d)
-    if not _quoted(text.strip(), data):
+    quoted = _Quoted(tuple(d for d in data if isinstance(d, str) and "{" in d))
+    if text.strip() not in quoted:
         try:
             return _loads(text.strip())
         except ValueError:
             pass
-    candidate = _reply_json_candidate(text, data)
+    candidate = _reply_json_candidate(text, quoted)
     if candidate is not None:
         try:
             return _loads(candidate)

@@ -67,9 +67,15 @@ def corrective_request(request: ChatRequest, reply_text: str, error: ReplyParseE
     ])
 
 
-def ask(transport: Transport, cache: JudgeCache, key: str, request: ChatRequest,
+def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], request: ChatRequest,
         validate: Callable[[str], Any]) -> Any:
     """``validate(reply text)`` for ``request``: cached, or asked with one corrective retry.
+
+    ``key_for(mode)`` is the cache key of the reply asked in ``mode`` (the way the schema is
+    asked for): a reply is looked up under the judge's way now and stored under the way it was
+    actually asked, so a reply got by prompt-and-parse after a fallback is never read back as
+    a schema-constrained one. Every reply used is counted by way and reported model
+    (:meth:`Transport.note_reply`, which the fingerprint reads).
 
     Raises:
         JudgeFailure: ``ParseError`` after the corrective retry, a transport failure, a
@@ -77,16 +83,18 @@ def ask(transport: Transport, cache: JudgeCache, key: str, request: ChatRequest,
             in the usage's errors.
         JudgeUnreachable: the provider cannot be reached at all (the evaluation stops).
     """
-    cached = cache.get(key)
+    mode = transport.response_format
+    cached = cache.get(key_for(mode))
     if cached is not None and isinstance(cached.get("text"), str):
         try:
             parsed = validate(cached["text"])
             transport.usage.add(cache_hits=1)
+            transport.note_reply(cached.get("model"), mode)
             return parsed
         except ReplyParseError:
             pass  # a stale or foreign entry: ask again
     try:
-        parsed, reply = _validated_reply(transport, request, validate)
+        parsed, reply, mode = _validated_reply(transport, request, validate)
     except JudgeUnreachable:
         raise
     except PermanentError as exc:
@@ -97,24 +105,26 @@ def ask(transport: Transport, cache: JudgeCache, key: str, request: ChatRequest,
         _logger.warning("judge %s: a reply failed: %s: %s", transport.name, type(exc).__name__, exc)
         failure = JudgeFailure(type(exc).__name__, str(exc)[:MESSAGE_CHARS])
     else:
-        _store(transport, cache, key, reply)
+        _store(transport, cache, key_for(mode), reply)
+        transport.note_reply(reply.model, mode)
         return parsed
     transport.usage.add(errors=failure.kind)
     raise failure
 
 
 def _validated_reply(transport: Transport, request: ChatRequest,
-                     validate: Callable[[str], Any]) -> tuple[Any, ChatReply]:
-    """Send, validate; on an invalid reply one corrective retry; then ParseError."""
+                     validate: Callable[[str], Any]) -> tuple[Any, ChatReply, str]:
+    """Send, validate; on an invalid reply one corrective retry; then ParseError. Returns the
+    parsed reply, the reply and the way it was asked."""
     deadline = time.monotonic() + transport.settings.deadline
-    reply = transport.reply(request, deadline)
+    reply, mode = transport.reply(request, deadline)
     try:
-        return validate(reply.text), reply
+        return validate(reply.text), reply, mode
     except ReplyParseError as first:
         transport.usage.add(repair_retries=1)
-        reply = transport.reply(corrective_request(request, reply.text, first), deadline)
+        reply, mode = transport.reply(corrective_request(request, reply.text, first), deadline)
     try:
-        return validate(reply.text), reply
+        return validate(reply.text), reply, mode
     except ReplyParseError as second:
         raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
 

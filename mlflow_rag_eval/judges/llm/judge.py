@@ -18,8 +18,15 @@ Everything that makes a judge trustworthy lives once, for every provider, in thr
   cache keys.
 
 Cache: a reply that parsed is stored under a key covering provider, model, base_url, backend
-identity, generation parameters, template id/version/sha256, rendered messages and output
-schema. Errors and refusals are never stored. No API key is in any part of the key.
+identity, generation parameters, template id/version/sha256, rendered messages, output schema
+and the way the schema was asked for when the reply came. Errors and refusals are never stored.
+No API key is in any part of the key.
+
+Fingerprint: what can change a verdict, including what only the replies tell: the way the schema
+was asked for (a JSON schema, ``json_object``, or prompt-and-parse, as configured or settled by a
+fallback) and the model the server reported. A judge read before its first call has only its
+configuration to go by; the fingerprint logged with a run is read after the calls. A judge
+answered the configured way by the model asked keeps the fingerprint it had before any call.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, extract_json, i
 from mlflow_rag_eval.judges.llm._pool import RowPool
 from mlflow_rag_eval.judges.llm._settings import LLMSettings
 from mlflow_rag_eval.judges.llm.chat import ChatBackend, ChatRequest
-from mlflow_rag_eval.judges.llm.transport import Transport
+from mlflow_rag_eval.judges.llm.transport import PROMPT, Transport, preferred_format
 from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table
 from mlflow_rag_eval.judges.local_model.embedding import model_files_sha256, resolve_model_path
 from mlflow_rag_eval.judges.prompts import (
@@ -128,6 +135,7 @@ class LLMJudge(Judge):
         params = {**self.settings.generation_params(), "fuse": self.settings.fuse}
         # Hashing the embedding model's files does not load it (and is cached per process).
         embed_sha = model_files_sha256(resolve_model_path(self.settings.embedding_model))
+        differs, answered = self._what_answered()
         blob = json.dumps(
             {
                 "identity": identity,
@@ -135,6 +143,7 @@ class LLMJudge(Judge):
                 "prompts": PROMPTS_VERSION,
                 "embedding_model": self.settings.embedding_model,
                 "embedding_sha256": embed_sha,
+                **differs,
             },
             sort_keys=True,
             default=str,
@@ -147,10 +156,31 @@ class LLMJudge(Judge):
             prompts_version=PROMPTS_VERSION,
             params={**params, **{k: v for k, v in identity.items() if k not in ("provider", "model")},
                     "embedding_model": self.settings.embedding_model, "embedding_sha256": embed_sha,
+                    **answered,
                     # lineage only, never the fingerprint: a rate limit changes when, not what
                     "rate_limit": self._transport.rate_limit},
             model_files_sha256=identity.get("sha256"),
         )
+
+    def _what_answered(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What the verdicts came from, as ``(for the fingerprint, for the lineage)``.
+
+        The ways the replies used were asked for (before any call: the way the judge asks now)
+        and the models their server reported. The lineage gets both; the fingerprint only what
+        differs from a judge asking its backend's preferred way and answered by the model it
+        asked for: a server that answers as another model, or replies got by prompt-and-parse
+        (configured, or after a fallback), make another judge, while every judge answered as
+        configured keeps the fingerprint it always had.
+        """
+        usage = self.usage_.as_dict()
+        ways = sorted(usage["reply_formats"]) or [self._transport.response_format]
+        models = usage["reported_models"]
+        differs: dict[str, Any] = {}
+        if ways != [preferred_format(self.backend)]:
+            differs["structured_output"] = ways
+        if models and sorted(models) != [self.backend.model]:
+            differs["reported_models"] = sorted(models)
+        return differs, {"structured_output": ways, "reported_models": models}
 
     @property
     def embedder(self):
@@ -175,13 +205,22 @@ class LLMJudge(Judge):
         self._rows.close()
 
     # -- structured calls: our templates and other libraries' prompts -------------------------------
-    def _key(self, ref: str, messages: list[dict[str, str]], schema: dict[str, Any] | None,
-             **extra: Any) -> str:
-        return JudgeCache.make_key(
-            backend=self.backend.identity(), base_url=self.backend.base_url,
-            params=self.settings.generation_params(), template=ref, **extra,
-            messages=messages, schema=schema, structured=self._transport.use_schema,
-        )
+    def _key_for(self, ref: str, messages: list[dict[str, str]], schema: dict[str, Any] | None,
+                 **extra: Any) -> Callable[[str], str]:
+        """The cache key of this request's reply as a function of the way the schema is asked for
+        (:func:`.structured.ask` stores a reply under the way it was actually asked)."""
+        parts = dict(backend=self.backend.identity(), base_url=self.backend.base_url,
+                     params=self.settings.generation_params(), template=ref, **extra,
+                     messages=messages, schema=schema)
+        preferred = preferred_format(self.backend)
+
+        def key(mode: str) -> str:
+            # The backend's preferred way is implied by its identity (keys from before ways were
+            # named stay valid); another structured way (json_object after a fallback) is named.
+            way = {} if mode in (PROMPT, preferred) else {"response_format": mode}
+            return JudgeCache.make_key(**parts, structured=mode != PROMPT, **way)
+
+        return key
 
     def _ask(self, template_id: str | PromptTemplate, blocks: dict[str, str], variables: dict[str, Any],
              check: Callable[[Any], None] | None = None) -> Any:
@@ -196,11 +235,11 @@ class LLMJudge(Judge):
             schema_name=template.id, params=self.settings.generation_params(),
             timeout=self.settings.timeout, template_id=template.id, variables=variables,
         )
-        key = self._key(template.ref, messages, schema, template_sha256=template.sha256)
+        key_for = self._key_for(template.ref, messages, schema, template_sha256=template.sha256)
         # JSON quoted from the texts under evaluation is never the reply's.
         validate = structured.schema_validator(template.schema, _data_texts(variables), check)
         try:
-            return structured.ask(self._transport, self.cache, key, request, validate)
+            return structured.ask(self._transport, self.cache, key_for, request, validate)
         except JudgeFailure as failure:
             return failure
 
@@ -213,8 +252,8 @@ class LLMJudge(Judge):
         request = ChatRequest(messages=list(messages), schema=schema, schema_name=source,
                               params=self.settings.generation_params(),
                               timeout=self.settings.timeout, template_id=ref)
-        key = self._key(ref, list(messages), schema)
-        return structured.ask(self._transport, self.cache, key, request, validate)
+        key_for = self._key_for(ref, list(messages), schema)
+        return structured.ask(self._transport, self.cache, key_for, request, validate)
 
     def complete_structured(self, messages: list[dict[str, str]], schema: type[BaseModel], *,
                             source: str = "external", data: Sequence[str] = ()) -> BaseModel:
@@ -278,9 +317,33 @@ class LLMJudge(Judge):
     def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
         def one(text: str):
             reply = self._ask("extract_claims", {"text": data_block("text", text)}, {"text": text})
-            return reply if isinstance(reply, JudgeFailure) else [c for c in reply.claims if c.strip()]
+            if isinstance(reply, JudgeFailure):
+                return reply
+            return [c for c in reply.claims if c.strip()] or self._claimless(text)
 
         return self._map(one, list(texts))
+
+    def _claimless(self, text: str) -> Outcome[list]:
+        """No claims for ``text`` (blank ones already dropped): ``[]`` when the text is blank or
+        the judge calls it an abstention, else JudgeFailure ``NoClaims``.
+
+        The prompts tell the judge to skip statements that the answer is unknown, so "I don't
+        know." legitimately has no claims, and faithfulness scores it 1.0 (it asserts nothing).
+        A reply of no claims for a text that states something would score the same 1.0 for an
+        answer nobody checked; the judge is asked whether the text abstains (one more call, on
+        claimless rows only) and a text that does not is no verdict. Runs on the row's own pool
+        thread, so it asks directly rather than through :meth:`is_abstention`'s pool.
+        """
+        if not text.strip():
+            return []
+        reply = self._ask("is_abstention", {"question": data_block("question", ""), "answer": data_block("answer", text)},
+                          {"question": "", "answer": text})
+        if isinstance(reply, JudgeFailure):
+            return reply
+        if reply.abstains:
+            return []
+        return JudgeFailure("NoClaims", "the judge's reply lists no claim for a text that states something (it does "
+                                        "not call it an abstention); not scored as a text without claims")
 
     def verify(self, items: Sequence[VerifyItem]) -> list[Outcome[list[Verdict]]]:
         def one(item: VerifyItem):
@@ -321,7 +384,7 @@ class LLMJudge(Judge):
                                   source_index=c.passage if c.passage is not None and 0 <= c.passage < len(passages) else None))
                 for c in reply.claims
                 if c.claim.strip()
-            ]
+            ] or self._claimless(item.text)
 
         return self._map(one, list(items))
 

@@ -16,6 +16,9 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
   for the process per (provider, base_url, model), logged, and counted in the usage.
 - **Accounting.** Every attempt is counted: provider calls, retries, latency, tokens, cost
   where the price table knows the model, the model ids and system fingerprints reported.
+- **What answered.** Every reply used for a verdict is counted by the way it was asked for and
+  the model its server reported (:meth:`Transport.note_reply`); the judge's fingerprint covers
+  both, and a server that starts reporting another model within a run is logged.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table, token_coun
 if TYPE_CHECKING:
     from mlflow_rag_eval.judges.llm._settings import LLMSettings
 
-__all__ = ["MESSAGE_CHARS", "PROMPT", "SCHEMA", "UNREACHABLE_HOLD_S", "Transport"]
+__all__ = ["MESSAGE_CHARS", "PROMPT", "SCHEMA", "UNREACHABLE_HOLD_S", "Transport", "preferred_format"]
 
 _logger = logging.getLogger(__name__)
 
@@ -96,6 +99,17 @@ def format_ladder(backend: ChatBackend) -> tuple[str, ...]:
     if configured in ways:
         ways = ways[ways.index(configured):]
     return (*ways, PROMPT)
+
+
+def preferred_format(backend: ChatBackend) -> str:
+    """The way ``backend`` asks for a schema when nothing gets in the way: its configured
+    ``response_format`` among its ways, else its only way (``schema``), *whether or not schema
+    support is on*. A judge whose replies came any other way (prompt-and-parse because support
+    is off, or after a fallback) decides differently, and its fingerprint says so; one whose
+    replies came this way keeps the fingerprint it always had."""
+    ways = tuple(getattr(backend, "response_formats", ()) or (SCHEMA,))
+    configured = getattr(backend, "response_format", ways[0])
+    return configured if configured in ways else ways[0]
 
 
 def as_mode(request: ChatRequest, mode: str) -> ChatRequest:
@@ -162,6 +176,8 @@ class Transport:
         rate = settings.rate_limit or getattr(backend, "default_rate_limit", None)
         self.rate_limit = float(rate) if rate else None
         self._limiter = RateLimiter(self.rate_limit) if self.rate_limit else None
+        self._reported: list[str] = []  # the models replies reported, in the order first seen
+        self._reported_lock = threading.Lock()
 
     @property
     def response_format(self) -> str:
@@ -171,14 +187,15 @@ class Transport:
 
     @property
     def use_schema(self) -> bool:
-        """Whether structured output is asked for now (part of the cache key)."""
+        """Whether structured output is asked for now."""
         return self._format != PROMPT
 
     # -- one reply ------------------------------------------------------------------------------
-    def reply(self, request: ChatRequest, deadline: float) -> ChatReply:
+    def reply(self, request: ChatRequest, deadline: float) -> tuple[ChatReply, str]:
         """A reply asked the way the judge asks now, falling back to the next way (once per
-        judge) when the server refuses it as ``SchemaUnsupported``. A refusal is a
-        JudgeFailure ``Refusal``."""
+        judge) when the server refuses it as ``SchemaUnsupported``, and the way it was asked
+        (what its cache key and the fingerprint name). A refusal is a JudgeFailure
+        ``Refusal``."""
         mode = self._format
         while True:
             try:
@@ -190,7 +207,25 @@ class Transport:
                 mode = self._fall_back(mode, exc)
         if reply.refusal:
             raise JudgeFailure("Refusal", reply.refusal[:MESSAGE_CHARS])
-        return reply
+        return reply, mode
+
+    def note_reply(self, model: object, mode: str) -> None:
+        """Count a reply used for a verdict (fresh or cached): the way it was asked and the model
+        its server reported. A model other than those reported before in this judge's life is
+        logged: the server changed what answers, and the fingerprint names every model."""
+        reported = model if isinstance(model, str) and model else None
+        self.usage.add(reply_formats=mode, reported_models=reported)
+        if reported is None:
+            return
+        with self._reported_lock:
+            if reported in self._reported:
+                return
+            before = list(self._reported)
+            self._reported.append(reported)
+        if before:
+            _logger.warning("judge %s: the server now reports model %r, after %s; the judge fingerprint covers "
+                            "every model reported, so this run pairs only with runs answered by the same models",
+                            self.name, reported, ", ".join(map(repr, before)))
 
     def send(self, request: ChatRequest, deadline: float) -> ChatReply:
         """One reply, retrying transient errors with backoff under the deadline.

@@ -45,6 +45,11 @@ class Usage:
     way, ``prompt`` for prompt-and-parse), and ``schema_fallbacks`` each switch the judge made
     after a server refused a format (``"json_schema->json_object"``), so a fallback is never
     silent in the lineage.
+
+    What the verdicts came from, counted per reply that was used (fresh or from the cache, a
+    reply that did not parse left out): ``reply_formats``, by how its schema was asked for, and
+    ``reported_models``, by the model its server reported. Both are part of the judge's
+    fingerprint (:meth:`~.judge.LLMJudge.info`); ``models`` counts every provider reply.
     """
 
     provider_calls: int = 0
@@ -62,6 +67,8 @@ class Usage:
     templates: Counter = field(default_factory=Counter)
     response_formats: Counter = field(default_factory=Counter)
     schema_fallbacks: Counter = field(default_factory=Counter)
+    reply_formats: Counter = field(default_factory=Counter)
+    reported_models: Counter = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: Any) -> None:

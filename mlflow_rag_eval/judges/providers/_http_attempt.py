@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import socket
 import threading
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 from mlflow_rag_eval.judges.llm.chat import CONNECTION_ERROR, PermanentError, TransientError
 
-__all__ = ["MAX_REPLY_BYTES", "redact", "scrub"]
+__all__ = ["MAX_REPLY_BYTES", "CrossOriginRedirect", "redact", "same_origin_session_class", "scrub"]
 
 #: How much of an error body goes into an exception message.
 _DETAIL_CHARS = 300
@@ -29,15 +31,48 @@ _CHUNK_BYTES = 64 * 1024
 _MIN_SECRET_CHARS = 8
 
 
+def _hex(digits: str) -> str:
+    """A pattern for hex ``digits`` in either case."""
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in digits)
+
+
+def _char_pattern(char: str) -> str:
+    """``char`` as written, or in any encoding a stored text may be decoded from: a JSON escape
+    (behind any number of backslashes: JSON text inside JSON, as a reply's content is), the
+    percent-encoding of its UTF-8 bytes, an HTML character reference."""
+    code = ord(char)
+    forms = [re.escape(char), "".join("%" + _hex(f"{b:02x}") for b in char.encode())]
+    if code < 0x10000:
+        forms.append(r"\\+u" + _hex(f"{code:04x}"))
+    if char in "\"\\/":
+        forms.append(r"\\+" + re.escape(char))
+    forms.append(f"&#(?:0*{code}|[xX]0*{_hex(f'{code:x}')});")
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _hide(text: str, secret: str) -> str:
+    """``text`` with every spelling of ``secret`` (see :func:`_char_pattern`) replaced by ``***``.
+
+    Matching the encoded forms in place, rather than decoding the text first, changes nothing
+    else: a reply's JSON stays the JSON it was, with ``***`` where the key was.
+    """
+    if secret in text:
+        text = text.replace(secret, "***")
+    if not any(mark in text for mark in "\\%&"):
+        return text  # no encoded form can be there
+    return re.sub("".join(_char_pattern(c) for c in secret), "***", text)
+
+
 def scrub(text: str, secrets: tuple[str | None, ...] = ()) -> str:
     """``text`` cut to a readable length, with every secret in it replaced by ``***``.
 
     Servers echo request details in error bodies (OpenAI's 401 names the key it was given), so
-    any text that reaches an exception goes through here.
+    any text that reaches an exception goes through here. A secret is found in whatever form it
+    comes: as written, JSON-escaped, URL-encoded (see :func:`redact`).
     """
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "***")
+            text = _hide(text, secret)
     text = " ".join(text.split())
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
@@ -47,12 +82,59 @@ def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
     changed (unlike :func:`scrub`, for reply text that is parsed afterwards).
 
     A server that echoes the API key into a reply would otherwise put it in the cache, the
-    justifications, the report and the traces.
+    justifications, the report and the traces. The key is matched in every form the stored
+    text could be decoded from, not only as written: ``\\u0073\\u006b...`` inside a reply's
+    JSON is the key once the judge parses it, ``%73%6B...`` once anyone URL-decodes it.
     """
     for secret in secrets:
-        if secret and len(secret) >= _MIN_SECRET_CHARS and secret in text:
-            text = text.replace(secret, "***")
+        if secret and len(secret) >= _MIN_SECRET_CHARS:
+            text = _hide(text, secret)
     return text
+
+
+# -- redirects stay within the origin -----------------------------------------------------------
+
+class CrossOriginRedirect(Exception):
+    """The server redirected the request to another origin; ``origin`` is that origin only
+    (scheme, host, port: the Location's path or query may carry anything)."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+        super().__init__(origin)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+@functools.lru_cache(maxsize=1)
+def same_origin_session_class() -> type:
+    """A requests ``Session`` that follows redirects within the request's origin (scheme, host,
+    port) and raises :class:`CrossOriginRedirect` for any other.
+
+    requests drops ``Authorization`` on a redirect to another host, but sends every other
+    header there: Azure's ``api-key``, a key the caller put in ``headers``. Stripping them is
+    not enough either: the body, the texts under evaluation, would still go to a server nobody
+    configured, and one that answers without a key would decide the verdicts under the
+    configured judge's name. So the redirect is refused, naming where it pointed.
+    """
+    import requests
+
+    class SameOriginSession(requests.Session):
+        def get_redirect_target(self, resp: Any) -> str | None:
+            target = super().get_redirect_target(resp)
+            if target is not None:
+                absolute = urljoin(resp.url, f"{urlsplit(resp.url).scheme}:{target}" if target.startswith("//")
+                                   else target)
+                if _origin(absolute) != _origin(resp.url):
+                    resp.close()
+                    scheme, host, port = _origin(absolute)
+                    raise CrossOriginRedirect(f"{scheme}://{host}:{port}")
+            return target
+
+    return SameOriginSession
 
 
 # -- one attempt's wall-clock budget ------------------------------------------------------------
@@ -248,6 +330,10 @@ def transport_failure(
         return TransientError("Timeout", f"{where}: no complete reply within {clock.seconds:g}s")
     if isinstance(exc, _ReplyTooLarge):
         return PermanentError("ReplyTooLarge", f"{where}: reply over {MAX_REPLY_BYTES} bytes")
+    if isinstance(exc, CrossOriginRedirect):
+        return PermanentError("CrossOriginRedirect", f"{where}: the server redirected to another origin "
+                              f"({exc.origin}), not followed: the key and the texts under evaluation go "
+                              "only to the configured server; set base_url to the address that answers")
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return TransientError(CONNECTION_ERROR, f"{where}: no connection within {connect_timeout:g}s")
     if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,

@@ -25,8 +25,12 @@ OpenAI form, so a 5xx of that kind is no reason to retry. The layer above then f
 
 The API key is read from the environment variable ``api_key_env`` on every request and is
 never stored on the backend, shown in its ``repr``, its ``identity()`` or any error message;
-a reply that echoes it gets ``***`` in its place, so no cache entry, justification or report
-can hold it.
+a reply that echoes it, as written, JSON-escaped or URL-encoded, gets ``***`` in its place, so
+no cache entry, justification or report can hold it. A ``base_url`` whose query string would
+carry a secret (``?subscription-key=...``, ``?code=...``) is refused: base_url is logged and
+stored. Redirects are followed within the server's origin only; one to another origin is a
+``PermanentError("CrossOriginRedirect")``: requests would send the ``api-key`` header (it drops
+only ``Authorization``) and the texts under evaluation to a server nobody configured.
 """
 
 from __future__ import annotations
@@ -52,11 +56,12 @@ from mlflow_rag_eval.judges.providers._http_attempt import (  # scrub and redact
     AttemptClock,
     read_body,
     redact,
+    same_origin_session_class,
     scrub,
     transport_failure,
     watched_adapter_class,
 )
-from mlflow_rag_eval.judges.registry import as_url, register_judge_provider
+from mlflow_rag_eval.judges.registry import as_url, register_judge_provider, secret_query_parameters
 
 __all__ = [
     "OpenAICompatBackend",
@@ -203,6 +208,11 @@ class OpenAICompatBackend:
             raise ValueError("OpenAICompatBackend needs a model name")
         self.model = model
         root = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        secret = secret_query_parameters(root)
+        if secret:  # base_url is shown, logged, cached, and written to the lineage and the report
+            raise ValueError(f"base_url has query parameter(s) {secret} that would carry a secret; refused "
+                             "(base_url is logged and stored): put the key in an environment variable named "
+                             "by api_key_env")
         # Requests go to the URL as given; base_url (shown, logged, cached) drops user:password.
         self._request_root = root
         self.base_url = _redact_url(root)
@@ -238,11 +248,11 @@ class OpenAICompatBackend:
     # -- one attempt -----------------------------------------------------------------------
 
     def _session(self):
-        import requests
-
         session = getattr(self._local, "session", None)
         if session is None:
-            session = self._local.session = requests.Session()
+            # Redirects are followed within the server's origin only: no key, nor any text under
+            # evaluation, goes to a server that was not configured.
+            session = self._local.session = same_origin_session_class()()
             adapter = watched_adapter_class()
             session.mount("http://", adapter())
             session.mount("https://", adapter())
