@@ -383,17 +383,54 @@ def rag_scorer(metric: str | Metric, judge: str | Judge | None = None, *,
 
 
 def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
-                slice_by: list[str] | None = None) -> list[RagScorer]:
+                slice_by: list[str] | None = None, data=None) -> list[RagScorer]:
     """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
     as on every route: an unknown name, a missing extra or a metric the judge cannot perform
     is refused now, not turned into an error on every row.
 
     Args:
         slice_by: keys of the data rows' ``tags`` to slice the run by (see the module docstring).
+        data: the rows ``mlflow.genai.evaluate`` will get (a list of dicts or a DataFrame with
+            ``inputs``, ``outputs``, ``expectations``): their cells are checked now, as the
+            evaluator plugin checks its data, and the first bad one is refused naming its row
+            (a :class:`RecordError`) before any judge call or run. MLflow hands a scorer one row
+            at a time, without its position, so without ``data`` a bad cell is that row's error.
     """
     slice_by = check_slice_by(slice_by, "slice_by")
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
+    if data is not None:
+        check_rows(data, suite.metrics)
     scorers = [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]
     for scorer in scorers:
         scorer._slice_by = slice_by
     return scorers
+
+
+def check_rows(data, metrics: Iterable[Metric]) -> None:
+    """The cells of genai-route rows, checked as the plugin route checks its data: each row
+    read into a record (its answer and contexts when the row has ``outputs``; with a
+    ``predict_fn`` they come later, and only the question and expectations are checked), then
+    validated by each metric whose fields the row has.
+
+    Raises:
+        RecordError: the first bad cell, naming its row in ``data`` and its field.
+    """
+    import pandas as pd
+
+    rows = data.to_dict("records") if isinstance(data, pd.DataFrame) else list(data)
+    metrics = list(metrics)
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise RecordError(f"a row is a mapping of inputs, outputs, expectations, got {type(row).__name__}",
+                              row=i, column="inputs")
+        has_outputs = row.get("outputs") is not None
+        outputs = row.get("outputs") if has_outputs else {"answer": "(from predict_fn)", "contexts": []}
+        try:
+            frame, has_contexts = _record_frame(row.get("inputs") or {}, outputs, row.get("expectations"), None)
+            fields = {"answer", "contexts"} | {c for c in EXPECTATION_FIELDS if c in frame}
+            (record,) = records_from_frame(frame, ColumnMapping())
+            for metric in metrics if has_outputs and has_contexts else ():
+                if all(f in fields for f in metric.requires):
+                    metric.validate([record], ColumnMapping())
+        except RecordError as exc:
+            raise RecordError(exc.reason, row=i, column=exc.column) from None

@@ -149,3 +149,33 @@ def test_scorer_turns_bad_input_into_a_named_error(local_judge):
     feedback = faithfulness(inputs={"question": ""}, outputs={"answer": "x", "contexts": []})
     assert feedback.value is None
     assert "RecordError" in feedback.error.error_code or "RecordError" in str(feedback.error.error_message)
+
+
+def test_scorers_check_the_rows_they_are_given_up_front_naming_the_row(tracking_uri, local_judge):
+    """As the plugin route refuses bad data before any judge call: the first bad cell, by its
+    row in the data, and no run; MLflow itself hands a scorer one row without its position."""
+    from mlflow_rag_eval.records import RecordError
+
+    def row(question, contexts, relevant=("p1",)):
+        return {"inputs": {"question": question}, "outputs": {"answer": "A bike ticket costs 5 euros.",
+                                                               "contexts": contexts},
+                "expectations": {"relevant_ids": list(relevant)}}
+
+    good = [{"id": "p1", "text": "A bike ticket costs 5 euros."}]
+    rows = [row("How much is a bike ticket?", good), row("Can dogs travel?", good),
+            row("   ", good), row("Is there wifi?", "not a list")]
+    with pytest.raises(RecordError, match="row 2, column 'question'"):
+        rag_scorers(["faithfulness", "mrr"], local_judge, data=rows)
+    rows[2] = row("Where is the office?", good)
+    with pytest.raises(RecordError, match="row 3, column 'contexts'"):
+        rag_scorers(["faithfulness"], local_judge, data=rows)
+    rows[3] = row("Is there wifi?", ["Seats recline."])  # no ids: what mrr needs
+    with pytest.raises(RecordError, match="row 3, column 'contexts': mrr needs an id"):
+        rag_scorers(["faithfulness", "mrr"], local_judge, data=pd.DataFrame(rows))
+    assert mlflow.search_runs().empty  # nothing was evaluated
+    # the same rows for a predict_fn: only what the data holds is checked
+    questions = [{"inputs": r["inputs"], "expectations": r["expectations"]} for r in rows]
+    assert [s.name for s in rag_scorers(["mrr"], local_judge, data=questions)] == ["mrr"]
+    scorers = rag_scorers(["faithfulness"], local_judge, data=rows)
+    result = mlflow.genai.evaluate(data=rows, scorers=scorers)
+    assert mlflow.MlflowClient().get_run(result.run_id).data.metrics["faithfulness/n_scored"] == 4
