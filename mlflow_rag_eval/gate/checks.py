@@ -423,7 +423,8 @@ def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePoli
     detail = f"run {run.info.run_id}"
     if rho is None or (isinstance(rho, float) and math.isnan(rho)):
         return Check(metric, "calibration", None, threshold, False,
-                     f"calibration rho is undefined on {n} labels (constant scores or labels)", detail=detail)
+                     f"{metric}: calibration rho is undefined on {n} labels (constant scores or labels)",
+                     detail=detail)
     low, high = figures.get("calibration/spearman_ci_low"), figures.get("calibration/spearman_ci_high")
     if low is not None and high is not None:
         detail += f", 95% CI [{low:.3f}, {high:.3f}]"

@@ -256,8 +256,9 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
                 f"{', '.join(others)}: a mistyped alias would skip the comparison with the champion; "
                 "name the alias that marks the champion, or, if no version has held it yet, "
                 "pass first_version / --first-version")
-    elif first_version and str(champion.version) != str(mv.version):
-        raise _Unusable(f"first_version was asked, but v{champion.version} holds alias {alias!r}")
+    elif first_version:  # the candidate itself holding the alias is no first version either
+        itself = " (the candidate itself)" if str(champion.version) == str(mv.version) else ""
+        raise _Unusable(f"first_version was asked, but v{champion.version}{itself} holds alias {alias!r}")
     if champion is not None and str(champion.version) == str(mv.version):
         decision.notes.append(f"v{mv.version} already holds alias {alias!r}: no champion to compare with")
         champion = None

@@ -176,3 +176,19 @@ def test_holm_is_the_step_down_formula():
 
     assert holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
     assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == [] and holm([None]) == [None]
+
+
+def test_an_undefined_calibration_names_its_metric(tracking_uri):
+    """A gate refusing several metrics' calibrations says which one each reason is about."""
+    import math
+
+    import mlflow
+
+    from mlflow_rag_eval.gate.checks import calibration_check
+
+    with mlflow.start_run() as run:
+        mlflow.log_metrics({"calibration/spearman": math.nan, "calibration/n_scored": 8})
+    check = calibration_check("faithfulness", mlflow.get_run(run.info.run_id), "fp", load_policy(
+        {"require_metrics": ["faithfulness"]}))
+    assert not check.passed
+    assert check.reason == "faithfulness: calibration rho is undefined on 8 labels (constant scores or labels)"

@@ -108,6 +108,10 @@ def test_cli_refuses_a_mistyped_alias_naming_the_aliases_that_exist(registry, ch
     # --first-version when a version holds the alias: refused as unusable, not judged on floors
     result = _gate_cli(regressed, policy, "--first-version")
     assert result.exit_code == 2 and f"v{champion} holds alias 'champion'" in _one_line(result)
+    # ... and when the candidate itself holds it: it is no first version either
+    result = _gate_cli(champion, policy, "--first-version")
+    assert result.exit_code == 2, result.output
+    assert f"v{champion} (the candidate itself) holds alias 'champion'" in _one_line(result)
 
 
 def test_a_first_version_with_other_aliases_needs_first_version(registry, local_judge, tmp_path):
