@@ -222,19 +222,24 @@ class GoldenSet:
     def to_dicts(self) -> list[dict[str, Any]]:
         return [r.model_dump() for r in self.rows]
 
-    def to_frame(self):
+    def to_records(self) -> list[dict[str, Any]]:
         """The rows as the evaluation data, ``relevant_ids`` as ``[{"id", "grade"}]`` lists: the
         form MLflow infers a schema for in linear time (not ``{id: grade}`` dicts, whose every
         id becomes a schema field; see :class:`~mlflow_rag_eval.records.ColumnMapping`)."""
+        return [{**r, "relevant_ids": [{"id": k, "grade": g} for k, g in r["relevant_ids"].items()]}
+                for r in self.to_dicts()]
+
+    def to_frame(self):
+        """:meth:`to_records` as a DataFrame."""
         import pandas as pd
 
-        rows = [{**r, "relevant_ids": [{"id": k, "grade": g} for k, g in r["relevant_ids"].items()]}
-                for r in self.to_dicts()]
-        return pd.DataFrame(rows, columns=list(GoldenRow.model_fields))
+        return pd.DataFrame(self.to_records(), columns=list(GoldenRow.model_fields))
 
     def to_jsonl(self, path: str | Path) -> Path:
+        """:meth:`to_records`, one JSON line each (what ``testset --out`` writes)."""
         path = Path(path)
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.to_dicts()), encoding="utf-8")
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.to_records()),
+                        encoding="utf-8")
         return path
 
 

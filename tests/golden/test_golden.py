@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import mlflow
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 from conftest import PINNED_PROMPTS_VERSION, ROOT
@@ -27,6 +28,7 @@ from mlflow_rag_eval.judges.llm.chat import PermanentError
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
 from mlflow_rag_eval.judges.prompts import PROMPTS_VERSION
 from mlflow_rag_eval.judges.providers.scripted import ScriptedBackend
+from mlflow_rag_eval.records import dataset_digest, records_from_frame
 
 CORPUS = ROOT / "examples" / "rag_pipeline" / "data" / "corpus.jsonl"
 
@@ -208,6 +210,12 @@ def test_cli_writes_the_set_and_refuses_a_judge_that_cannot_write(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert 0 < len(rows) <= 12
     assert "question type" in result.output and "digest" in result.output
+    # relevant ids as {"id", "grade"} lists, the form MLflow reads in linear time (not {id: grade})
+    assert all(isinstance(r["relevant_ids"], list) and all(set(g) == {"id", "grade"} for g in r["relevant_ids"])
+               for r in rows)
+    digest = result.output.split("digest ")[1].split()[0]
+    read = pd.read_json(out, lines=True, dtype=False).assign(contexts=[[] for _ in rows])
+    assert dataset_digest(records_from_frame(read, require_answer=False)) == digest  # the file is the set
     refused = runner.invoke(main, ["testset", "--corpus", str(CORPUS), "--judge", "local:minilm-l6",
                                    "--out", str(tmp_path / "x.jsonl")])
     assert refused.exit_code == 2 and "cannot write questions" in refused.output
@@ -230,6 +238,6 @@ def test_a_file_store_keeps_a_run_with_the_set_as_input_and_artifact(golden, tmp
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == golden.digest and dataset_input.dataset.name == "northwind"
     assert run.data.metrics["golden_set/n_rows"] == len(golden.rows)
-    assert [json.loads(line) for line in open(rows_file)] == golden.to_dicts()
+    assert [json.loads(line) for line in open(rows_file)] == golden.to_records()
     report = json.load(open(report_file))
     assert report["digest"] == golden.digest and len(report["drops"]) == len(golden.report.drops)
