@@ -182,6 +182,9 @@ def resolve_metric(spec: str | Metric) -> Metric:
     match = _NAME.match(spec.strip().lower())
     registry = registered_metrics()
     if not match or match.group("base") not in registry:
+        if spec.strip().lower() == "rubric":  # a kind of metric, made with its criteria and steps
+            raise ValueError("a rubric is made, not named: pass rubric('politeness', criteria='...', "
+                             "steps=['...']) from mlflow_rag_eval as the metric (an LLM judge grades it)")
         raise ValueError(f"unknown metric {spec!r}; known: {sorted(registry)}")
     cls = registry[match.group("base")]
     if match.group("k") is None:

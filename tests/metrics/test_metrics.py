@@ -18,7 +18,7 @@ from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.judges import JudgeCapabilityError
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
 from mlflow_rag_eval.judges.providers.scripted import ScriptedBackend
-from mlflow_rag_eval.metrics import rubric
+from mlflow_rag_eval.metrics import resolve_metric, rubric
 from mlflow_rag_eval.records import records_from_frame
 
 P0 = "Bikes cost 5 euros on weekdays."
@@ -167,6 +167,11 @@ def test_a_rubric_name_that_is_no_plain_key_is_refused_when_it_is_made(name):
     judge call or trace, not after."""
     with pytest.raises(ValueError, match="must be a letter"):
         rubric(name, "The answer is polite.", ["Read it."])
+
+
+def test_the_name_rubric_says_how_a_rubric_is_made():
+    with pytest.raises(ValueError, match=r"a rubric is made, not named: pass rubric\('politeness'"):
+        resolve_metric("rubric")
 
 
 @pytest.mark.parametrize("name", ["hit_at_5", "faithfulness", "mrr"])
