@@ -98,6 +98,11 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
     client = client or mlflow.MlflowClient()
     run = client.get_run(run_id)
     if run.data.tags.get("rag_eval.evaluated") != "true":
+        if run.data.tags.get("rag_eval.route") == "extra_metrics":
+            raise NotComparable(
+                f"run {run_id} was evaluated through extra_metrics, which MLflow's default evaluator logs "
+                "metric by metric: it holds no rag evaluation (rows table, dataset digest, lineage) to pair "
+                "rows on; evaluate with model_type='rag' or rag_scorers to compare or gate it")
         raise NotComparable(f"run {run_id} holds no rag evaluation")
     with tempfile.TemporaryDirectory() as tmp:
         path = client.download_artifacts(run_id, "eval_results_table.json", tmp)

@@ -166,3 +166,20 @@ def test_holm_adjusts_the_p_values_of_the_metrics_compared_together():
     assert [deltas[m].p_holm for m in ("mrr", "ndcg_at_10", "hit_at_5")] == pytest.approx(expected)
     assert deltas["hit_at_5"].p_value == deltas["hit_at_5"].p_holm == 1.0
     assert deltas["mrr"].p_holm == pytest.approx(3 * deltas["mrr"].p_value)  # the smallest: times m
+
+
+def test_an_extra_metrics_run_is_refused_saying_why_it_cannot_be_compared(tracking_uri, local_judge):
+    """MLflow's default evaluator logs extra_metrics one metric at a time: no rows table, digest
+    or lineage of ours. compare says so and names the routes that can, instead of "holds no rag
+    evaluation"."""
+    from mlflow_rag_eval import rag_metrics
+
+    data = _data(True)
+    with mlflow.start_run() as extra:
+        mlflow.models.evaluate(data=data, model_type=None, predictions="answer",
+                               extra_metrics=rag_metrics(["faithfulness", "mrr"], local_judge))
+    plugin = _evaluate(data, local_judge)
+    assert mlflow.get_run(extra.info.run_id).data.tags["rag_eval.route"] == "extra_metrics"
+    with pytest.raises(NotComparable, match=f"run {extra.info.run_id} was evaluated through extra_metrics, .* "
+                                            "evaluate with model_type='rag' or rag_scorers"):
+        compare_runs(plugin, extra.info.run_id)
