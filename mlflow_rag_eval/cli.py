@@ -546,6 +546,8 @@ def _decode_json_cells(frame, mapping, path: str):
 @click.option("--experiment", default=None, help="Experiment of the run (default: the active one).")
 @click.option("--run-name", default=None, help="Name of the evaluation run.")
 @click.option("--no-traces", is_flag=True, help="Log no per-row traces (very large runs).")
+@click.option("--no-progress", is_flag=True,
+              help="No progress bar on stderr (default: one when stderr is a terminal; $MLFLOW_RAG_EVAL_PROGRESS).")
 @click.option("--max-error-rate", type=float, default=None,
               help="Fail (exit 2, after logging) when a metric's share of failed rows is above this.")
 @click.option("--spark", "spark_master", default=None, metavar="MASTER",
@@ -559,7 +561,7 @@ def _decode_json_cells(frame, mapping, path: str):
                    "in --output).")
 @_tracking_option
 @_judge_limit_options
-def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
+def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
                      max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
@@ -600,7 +602,8 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
             records = attach_columns(records, frame, slice_fields)
             slice_members(records, slice_fields)
         names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
-        result = evaluate_records(records, names, _judge(judge, judge_options), mapping=mapping)
+        result = evaluate_records(records, names, _judge(judge, judge_options), mapping=mapping,
+                                  progress=False if no_progress else None)
     except ValueError as exc:
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import sys
 import threading
 import time
 import traceback
@@ -22,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
+from mlflow_rag_eval._util.progress import Progress, progress_wanted
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
@@ -55,7 +55,8 @@ def evaluate_records(
     Args:
         available_fields: record fields the data provides (e.g. ``{"answer", "contexts",
             "reference"}``); defaults to what the records themselves carry.
-        progress: show a progress line on stderr (default: when stderr is a terminal).
+        progress: show a progress bar on stderr (default: ``MLFLOW_RAG_EVAL_PROGRESS``, else
+            when stderr is a terminal; :mod:`mlflow_rag_eval._util.progress`).
         suite: a suite :func:`~mlflow_rag_eval.evaluation.suite.prepare_suite` made already (the rag
             evaluator makes it before the pipeline runs); ``metrics`` and ``judge`` are then
             not used.
@@ -70,7 +71,7 @@ def evaluate_records(
     suite.drop_inapplicable(records)
     for metric in suite.metrics:
         metric.validate(records, mapping)
-    rows, timings = score_records(suite, records, progress=sys.stderr.isatty() if progress is None else progress)
+    rows, timings = score_records(suite, records, progress=progress_wanted(progress))
     judge_obj = suite.judge
     results = [
         MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
@@ -113,8 +114,18 @@ class _Runner:
         self.suite, self.n_records, self.progress = suite, n_records, progress
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
-        self.done_rows = 0
         self._lock = threading.Lock()
+        self.bar = Progress(n_records * len(suite.metrics), shown=progress, unit="row")
+
+    def _activity(self) -> dict[str, int]:
+        """What the bar shows beside the rows done: errors, and the judge's calls and cache hits."""
+        usage = self.suite.judge.usage() if self.suite.judge is not None else {}
+        return {"errors": self.errors, "calls": usage.get("provider_calls", 0), "cached": usage.get("cache_hits", 0)}
+
+    def _watch(self, done: threading.Event) -> None:
+        """Refresh the judge's activity while a batch runs (an LLM batch can take minutes)."""
+        while not done.wait(0.5):
+            self.bar.note(**self._activity())
 
     def score(self, records: list[RagRecord]) -> dict[str, list[RowResult]]:
         metrics = self.suite.metrics
@@ -123,18 +134,25 @@ class _Runner:
         # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
         # The local judge is CPU-bound: its metrics run one after another.
         parallel = bool(getattr(self.suite.judge, "parallel_metrics", False)) and len(metrics) > 1
-        with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
-            for start in range(0, len(records), BATCH_SIZE):
-                batch = records[start : start + BATCH_SIZE]
-                with batch_memo():  # what the batch's metrics share, dropped with the batch
-                    # Each task runs in a copy of this context, which holds the batch's memo.
-                    futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
-                    outs = [f.result() for f in futures]
-                for metric, out in zip(metrics, outs):
-                    rows[metric.display_name].extend(out)
-                self.done_rows += len(batch)
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(done,), daemon=True, name="rag-eval-progress")
         if self.progress:
-            print(file=sys.stderr)
+            watcher.start()
+        try:
+            with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
+                for start in range(0, len(records), BATCH_SIZE):
+                    batch = records[start : start + BATCH_SIZE]
+                    with batch_memo():  # what the batch's metrics share, dropped with the batch
+                        # Each task runs in a copy of this context, which holds the batch's memo.
+                        futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
+                        outs = [f.result() for f in futures]
+                    for metric, out in zip(metrics, outs):
+                        rows[metric.display_name].extend(out)
+        finally:  # the bar is gone before any summary is printed
+            done.set()
+            if watcher.is_alive():
+                watcher.join()
+            self.bar.close()
         return rows
 
     def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
@@ -143,12 +161,7 @@ class _Runner:
         with self._lock:
             self.timings[metric.display_name] += time.perf_counter() - start
             self.errors += sum(r.status == "error" for r in out)
-            if self.progress:
-                judge = self.suite.judge
-                hits = judge.usage().get("cache_hits", 0) if judge is not None else 0
-                print(f"\rrag eval: {metric.display_name} done on rows up to "
-                      f"{self.done_rows + len(batch)}/{self.n_records}, {self.errors} errors, {hits} cache hits",
-                      end="", file=sys.stderr)
+        self.bar.advance(len(batch), **self._activity())
         return out
 
 

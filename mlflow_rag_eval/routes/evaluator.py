@@ -63,7 +63,7 @@ __all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
 
 MODEL_TYPE = "rag"
 CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
-                         "slice_by"})
+                         "slice_by", "progress"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -148,7 +148,8 @@ class RagEvaluator(ModelEvaluator):
         if options.slice_by:
             records = attach_columns(records, frame, options.slice_by)
             slice_members(records, options.slice_by)  # a value that is no slice label costs no judge call
-        result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite)
+        result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
+                                  progress=options.progress)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
             result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
@@ -187,6 +188,8 @@ class _Options:
     log_traces: bool
     max_error_rate: float | None
     slice_by: tuple[str, ...]
+    #: a progress bar on stderr: True, False, or None (the environment, else whether stderr is a terminal)
+    progress: bool | None
 
 
 def _options(config: Mapping[str, Any]) -> _Options:
@@ -201,7 +204,10 @@ def _options(config: Mapping[str, Any]) -> _Options:
     ):
         raise ValueError(f"evaluator_config['max_error_rate'] must be a number in [0, 1], got {max_error_rate!r}")
     slice_by = check_slice_by(config.get("slice_by"), "evaluator_config['slice_by']")
-    return _Options(log_traces, max_error_rate, slice_by)
+    progress = config.get("progress")
+    if progress is not None and not isinstance(progress, bool):
+        raise ValueError(f"evaluator_config['progress'] must be true or false, got {progress!r}")
+    return _Options(log_traces, max_error_rate, slice_by, progress)
 
 
 def _available_fields(frame: pd.DataFrame, mapping: ColumnMapping) -> set[str]:

@@ -1,0 +1,69 @@
+"""A progress bar for judge work: on a terminal, or when asked; never on a pipe unless asked;
+gone before the summary is printed."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mlflow_rag_eval._util.progress import ENV_VAR, progress_wanted
+from mlflow_rag_eval.evaluation.engine import evaluate_records
+from mlflow_rag_eval.records import records_from_frame
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_what_was_asked_else_the_environment_else_a_terminal(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert progress_wanted() is False and progress_wanted(True) is True
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert progress_wanted() is True and progress_wanted(False) is False
+    for value, shown in (("0", False), ("off", False), ("1", True), ("TRUE", True)):
+        monkeypatch.setenv(ENV_VAR, value)
+        assert progress_wanted() is shown
+    monkeypatch.setenv(ENV_VAR, "sometimes")
+    with pytest.raises(ValueError, match="MLFLOW_RAG_EVAL_PROGRESS='sometimes'"):
+        progress_wanted()
+
+
+ROWS = pd.DataFrame({"question": [f"q{i}" for i in range(30)], "answer": ["A bike ticket costs 5 euros."] * 30,
+                     "contexts": [[{"id": "p1", "text": "A bike ticket costs 5 euros."}]] * 30,
+                     "relevant_ids": [["p1"]] * 30})
+
+
+def test_the_bar_counts_rows_times_metrics_on_stderr_and_is_cleared(monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    evaluate_records(records_from_frame(ROWS), ["mrr", "hit@1"], progress=True)
+    shown = terminal.getvalue()
+    assert "rag eval" in shown and "/60 [" in shown  # 30 rows x 2 metrics
+    assert shown.rstrip(" ").endswith("\r")  # leave=False: the line is blanked, nothing stays behind
+    quiet = _Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    evaluate_records(records_from_frame(ROWS), ["mrr"], progress=False)
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("flag, shown", [([], True), (["--no-progress"], False)])
+def test_the_cli_shows_the_bar_when_asked_and_never_inside_the_summary(flag, shown, tmp_path, monkeypatch):
+    path = tmp_path / "rows.jsonl"
+    ROWS.to_json(path, orient="records", lines=True)
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", ENV_VAR: "1"}
+    cli = Path(sys.executable).with_name("mlflow-rag-eval")
+    proc = subprocess.run([str(cli), "evaluate", "--data", str(path), "--metrics", "mrr", *flag],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **env}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bar, _, summary = proc.stderr.partition("rag eval summary")
+    assert summary, proc.stderr
+    assert ("/30 [" in bar) is shown
+    assert "\r" not in summary and "/30 [" not in summary  # the bar ended before the summary began
