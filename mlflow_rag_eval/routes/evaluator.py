@@ -52,14 +52,13 @@ from mlflow_rag_eval.records import (
 )
 from mlflow_rag_eval.tracking.pipeline_traces import predict_with_traces
 from mlflow_rag_eval.tracking.run_logging import (
-    LINEAGE_FILE,
     TABLE_FILE,
     announce,
     assert_run_is_fresh,
     log_evaluation,
 )
 
-__all__ = ["RagEvaluator", "MODEL_TYPE", "CONFIG_KEYS"]
+__all__ = ["CONFIG_KEYS", "MODEL_TYPE", "RagEvaluator"]
 
 MODEL_TYPE = "rag"
 CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
@@ -239,9 +238,9 @@ def _predict(model, frame: pd.DataFrame, config: Mapping[str, Any], mapping: Col
 
 
 def _artifacts(client: MlflowClient, run_id: str) -> dict[str, JsonEvaluationArtifact]:
-    """The run's results table and judge lineage, as MLflow evaluation artifacts."""
+    """The run's results table, as MLflow's evaluation artifact. Only tables: MLflow's
+    ``result.tables`` reads every artifact as one, and the judge lineage (a JSON document, on
+    the run as ``rag_eval/judge_lineage.json``) made it warn "Not all runs have the specified
+    table artifact"."""
     artifact_uri = client.get_run(run_id).info.artifact_uri
-    return {
-        "eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}"),
-        "judge_lineage": JsonEvaluationArtifact(uri=f"{artifact_uri}/{LINEAGE_FILE}"),
-    }
+    return {"eval_results_table": JsonEvaluationArtifact(uri=f"{artifact_uri}/{TABLE_FILE}")}

@@ -127,6 +127,20 @@ def test_static_predictions_log_what_the_engine_computes(tracking_uri, local_jud
     assert logged["hit_at_5/mean"] == 0.5 and logged["mrr/mean"] == 0.5
 
 
+def test_reading_the_results_tables_warns_of_nothing(tracking_uri, local_judge, caplog):
+    """MLflow's own ``tables`` tries every artifact as a table, and the judge lineage (a JSON
+    document) made it log "Not all runs have the specified table artifact"."""
+    with mlflow.start_run():
+        result = mlflow.models.evaluate(data=static_frame(), model_type="rag", evaluators="rag",
+                                        evaluator_config={"judge": local_judge, "metrics": ["mrr"]})
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        tables = result.tables
+    assert list(tables) == ["eval_results_table"] and len(tables["eval_results_table"]) == len(static_frame())
+    assert mlflow.MlflowClient().list_artifacts(result.run_id, "rag_eval")  # the lineage is on the run
+    assert not [r for r in caplog.records if "table artifact" in r.getMessage()], caplog.text
+
+
 def test_static_predictions_named_with_the_predictions_argument(tracking_uri, local_judge):
     df = static_frame().rename(columns={"answer": "response"})
     with mlflow.start_run():
