@@ -234,6 +234,12 @@ def _score(indexed: DataFrame, plan: Plan, suite: Suite, available: set[str], n_
         indexed.mapInArrow(partial(score_batches, plan, usage, timings), output_schema(plan)).write.parquet(output)
     _logger.info("rag eval: %d rows scored in %.1f s, written to %s", n_rows, time.perf_counter() - start, output)
     out = spark.read.parquet(output)
+    if isinstance(suite.judge, LLMJudge):
+        # The workers' judges made the calls: what their replies show (the way the schema was
+        # asked, the model reported) is part of the fingerprint, as on the single-process route.
+        worker_usage = usage.value
+        suite.judge.usage_.count(reply_formats=worker_usage.get("reply_formats"),
+                                 reported_models=worker_usage.get("reported_models"))
     judge_info = suite.judge.info() if suite.judge is not None else no_judge()
     context = dict(judge=judge_info, timings=dict(timings.value), judge_usage=_usage(usage.value),
                    fields=frozenset(available), default_suite=suite.default, left_out=dict(suite.left_out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from typing import Any
@@ -80,6 +81,13 @@ class Usage:
                         current[value] += 1
                 else:
                     setattr(self, name, current + value)
+
+    def count(self, **counts: Mapping[str, int]) -> None:
+        """Add whole tallies to Counter fields, e.g. ``reported_models={"m": 40}``: what other
+        processes' judges counted (Spark workers, whose replies the driver's judge never saw)."""
+        with self._lock:
+            for name, tally in counts.items():
+                getattr(self, name).update({k: int(v) for k, v in (tally or {}).items()})
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
