@@ -51,8 +51,10 @@ __all__ = [
 ]
 
 #: the per-run statistics of a metric that are logged as ``<key>/<stat>`` and that a gate
-#: policy's floors and ceilings may name
-AGGREGATES = ("mean", "median", "p10", "ci_low", "ci_high")
+#: policy's floors and ceilings may name (:class:`mlflow_rag_eval.results.MetricSummary`):
+#: ``p10`` is the 10th percentile, ``worst10_mean`` the mean of the worst 10% of the scored rows
+#: (at least one, by the metric's direction), the one that guards the worst rows
+AGGREGATES = ("mean", "median", "p10", "worst10_mean", "ci_low", "ci_high")
 #: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.stats.ppi`), logged as ``<key>/<stat>``
 #: once humans labelled some of a run's rows; floors may name these too
 PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
@@ -68,7 +70,7 @@ SLICE = "slice"
 SEGMENT_LIMIT = 64
 #: the longest metric key MLflow stores (``mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH``)
 MAX_KEY_LENGTH = 250
-#: the longest statistic a slice key ends with (``n_scored``)
+#: the longest statistic a slice key ends with (``worst10_mean``)
 _LONGEST_STAT = max(len(s) for s in (*AGGREGATES, "n_scored", "n_error"))
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

@@ -24,6 +24,7 @@ from mlflow_rag_eval.stats import SEED, mean_ci
 __all__ = [
     "ERROR_KIND_PATTERN", "UNNAMED_ERROR_KIND", "ErrorRateExceeded", "MetricFigures", "MetricResult",
     "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize", "summarize_values",
+    "worst_decile_mean",
 ]
 
 #: the kind an error string starts with, before a colon; a Java regex too (Spark SQL groups a
@@ -100,6 +101,8 @@ class MetricSummary:
 
     mean: float | None
     median: float | None
+    #: the 10th percentile (``np.quantile(values, 0.1)``, interpolated): with 20 rows it lies
+    #: between the 2nd and 3rd lowest, so it does not see the worst rows; see ``worst10_mean``
     p10: float | None
     n_scored: int
     n_error: int
@@ -108,6 +111,9 @@ class MetricSummary:
     #: None when not computable: fewer than two scored rows, or every scored row equal
     ci_low: float | None = None
     ci_high: float | None = None
+    #: the mean of the worst decile of the scored rows (:func:`worst_decile_mean`): the lowest
+    #: values of a greater-is-better metric, the highest of a lower-is-better one
+    worst10_mean: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -127,9 +133,10 @@ class MetricSummary:
         return out
 
 
-def summarize(rows: Sequence[RowResult], *, seed: int = SEED) -> MetricSummary:
+def summarize(rows: Sequence[RowResult], *, greater_is_better: bool = True, seed: int = SEED) -> MetricSummary:
     """The summary of one metric's rows (:func:`summarize_values` of the scored values, in row
-    order, with the failed and not-applicable rows counted)."""
+    order, with the failed and not-applicable rows counted); ``greater_is_better`` is the
+    metric's direction, which decides which rows are its worst."""
     scored, n_error, n_skipped = [], 0, 0
     for r in rows:  # one pass: summaries of 10k-row metrics are on the logging path
         if r.error is not None:
@@ -138,13 +145,29 @@ def summarize(rows: Sequence[RowResult], *, seed: int = SEED) -> MetricSummary:
             n_skipped += 1
         else:
             scored.append(r.value)
-    return summarize_values(scored, n_error, n_skipped, seed=seed)
+    return summarize_values(scored, n_error, n_skipped, greater_is_better=greater_is_better, seed=seed)
+
+
+def worst_decile_mean(values: np.ndarray, *, greater_is_better: bool) -> float:
+    """The mean of the worst ``ceil(0.1 * n)`` of ``n`` values (at least one): the lowest of a
+    greater-is-better metric, the highest of a lower-is-better one.
+
+    Why beside p10: p10 interpolates between the sorted values, so one or two rows at 0 among
+    twenty at 1 leave it near 1, and a floor on it does not guard the worst rows; this one
+    moves with every row of the worst decile.
+    """
+    n_worst = max(1, -(-len(values) // 10))  # ceil(n / 10) in integers: 0.1 * 30 is 3.0000000000000004
+    ordered = np.sort(values)
+    worst = ordered[:n_worst] if greater_is_better else ordered[len(ordered) - n_worst:]
+    return float(worst.mean())
 
 
 def summarize_values(values: Sequence[float] | np.ndarray, n_error: int, n_skipped: int, *,
-                     seed: int = SEED) -> MetricSummary:
-    """Mean, median, bottom decile (p10) and a seeded bootstrap 95% CI of the mean (None when
-    not computable: one scored row, or all equal; see :mod:`mlflow_rag_eval.stats`).
+                     greater_is_better: bool = True, seed: int = SEED) -> MetricSummary:
+    """Mean, median, p10 (the 10th percentile), the mean of the worst decile
+    (:func:`worst_decile_mean`, by the metric's direction ``greater_is_better``) and a seeded
+    bootstrap 95% CI of the mean (None when not computable: one scored row, or all equal; see
+    :mod:`mlflow_rag_eval.stats`).
 
     The one home of a metric's statistics, on values rather than rows, so that a route that
     never holds the rows (Spark collects only the score columns) computes the same figures.
@@ -164,6 +187,7 @@ def summarize_values(values: Sequence[float] | np.ndarray, n_error: int, n_skipp
         n_skipped=n_skipped,
         ci_low=low,
         ci_high=high,
+        worst10_mean=worst_decile_mean(values, greater_is_better=greater_is_better),
     )
 
 
@@ -232,7 +256,7 @@ class MetricResult:
 
     @cached_property
     def summary(self) -> MetricSummary:
-        return summarize(self.rows, seed=self.seed)
+        return summarize(self.rows, greater_is_better=self.greater_is_better, seed=self.seed)
 
     @cached_property
     def agreement(self):

@@ -24,11 +24,12 @@ Which rows are in which slice:
   slice of that field; ``n_missing`` counts those rows. A dict is refused (no label);
 - a field no row has is refused (a typo would otherwise give no slice, silently), and so is a
   field with more than :data:`MAX_SLICES_PER_FIELD` values (an id is not a slice: each value
-  would log seven metrics per metric).
+  would log eight metrics per metric).
 
 The statistics of a slice are :func:`mlflow_rag_eval.results.summarize` of the slice's rows:
 the same function as the run's summary, so a slice's figures are those of an evaluation of its
-rows alone (mean, median, p10, the bootstrap CI, n_scored, n_error, n_skipped). As everywhere,
+rows alone (mean, median, p10, worst10_mean, the bootstrap CI, n_scored, n_error, n_skipped),
+the worst rows of each metric by its own direction. As everywhere,
 a statistic that cannot be computed (no scored row, a CI of one row) is left out, never NaN.
 
 What the run holds (:mod:`~mlflow_rag_eval.tracking.run_logging`), only when
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_rag_eval.keys import SLICE, slice_prefix, slice_segments
+from mlflow_rag_eval.keys import AGGREGATES, SLICE, slice_prefix, slice_segments
 from mlflow_rag_eval.records import RagRecord, RecordError, is_missing
 from mlflow_rag_eval.results import MetricResult, MetricSummary, summarize
 
@@ -244,8 +245,8 @@ class SliceTable:
              "key_format": "<metric>/slice/<field>/<value>/<stat>",
              "metrics": {<metric key>: {"name", "greater_is_better"}},
              "fields": {<field>: {"key", "n_missing", "slices": {<value>: {"key", "n_rows",
-                 "metrics": {<metric key>: {"mean", "median", "p10", "ci_low", "ci_high",
-                                            "n_scored", "n_error", "n_skipped"}}}}}}}
+                 "metrics": {<metric key>: {"mean", "median", "p10", "worst10_mean", "ci_low",
+                                            "ci_high", "n_scored", "n_error", "n_skipped"}}}}}}}
 
         Statistics that cannot be computed are left out of a slice's metric, never null.
         """
@@ -275,8 +276,7 @@ class SliceTable:
 
 def _stats(summary: MetricSummary) -> dict[str, float | int]:
     out: dict[str, float | int] = {
-        stat: getattr(summary, stat) for stat in ("mean", "median", "p10", "ci_low", "ci_high")
-        if getattr(summary, stat) is not None
+        stat: getattr(summary, stat) for stat in AGGREGATES if getattr(summary, stat) is not None
     }
     out.update(n_scored=summary.n_scored, n_error=summary.n_error, n_skipped=summary.n_skipped)
     return out
@@ -307,7 +307,8 @@ def compute_slices(result_or_records, slice_by: Sequence[str],
     by_key = {m.key: m for m in metrics}
     return slice_table(slice_by, slice_members(records, slice_by), len(records),
                        {m.key: (m.name, m.greater_is_better) for m in metrics},
-                       lambda key, rows: summarize([by_key[key].rows[i] for i in rows]))
+                       lambda key, rows: summarize([by_key[key].rows[i] for i in rows],
+                                                   greater_is_better=by_key[key].greater_is_better))
 
 
 def slice_table(slice_by: Sequence[str], members: Mapping[str, tuple[Mapping[str, Sequence[int]], int]], n_rows: int,

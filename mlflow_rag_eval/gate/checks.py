@@ -97,8 +97,9 @@ def _shown(value: float) -> str:
 
 def _table_summary(evaluation, metric: str):
     """:func:`~mlflow_rag_eval.results.summarize_values` of the metric's rows in the run's table
-    (``<key>/score``, ``<key>/error``), as the evaluation summarized them when it logged the run;
-    None when the table has no score column for it."""
+    (``<key>/score``, ``<key>/error``), as the evaluation summarized them when it logged the run,
+    in the metric's direction as the run's lineage records it (its worst rows are the highest
+    of a lower-is-better metric); None when the table has no score column for it."""
     frame = evaluation.table
     if score_column(metric) not in frame:
         return None
@@ -110,7 +111,8 @@ def _table_summary(evaluation, metric: str):
         raise AlteredRun(f"run {evaluation.run_id}: its rows table holds a non-finite {score_column(metric)}: "
                          "no evaluation writes one; the table was altered after it was evaluated")
     n_error = int(failed.sum())
-    return summarize_values(scores[scored], n_error, len(frame) - int(scored.sum()) - n_error)
+    return summarize_values(scores[scored], n_error, len(frame) - int(scored.sum()) - n_error,
+                            greater_is_better=evaluation.greater_is_better.get(metric_key(metric), True))
 
 
 def _disagreement(run_id: str, key: str, logged: float, recomputed: float | None) -> str | None:

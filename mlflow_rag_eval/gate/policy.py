@@ -9,7 +9,7 @@ One YAML file per registered model::
     max_error_rate: 0.05           # n_error / (n_scored + n_error), per gated metric (default 0.05)
     floors:                        # lower limits on logged aggregates
       faithfulness/mean: 0.85
-      faithfulness/p10: 0.5
+      faithfulness/worst10_mean: 0.5   # the mean of the worst 10% of the rows
     ceilings:                      # upper limits, for lower-is-better metrics
       false_abstention/mean: 0.1
     slice_floors:                  # floors per slice: field -> value -> <metric>/<stat>: limit
@@ -98,8 +98,12 @@ Per-slice limits (``slice_floors``, ``slice_ceilings``) apply to a run evaluated
 
 Metric names are typed as users know them (``ndcg@10``) and stored as MLflow keys
 (``ndcg_at_10``, see :mod:`mlflow_rag_eval.keys`). Every metric of this package scores rows in
-[0, 1], so floors and ceilings on ``mean``/``median``/``p10``/``ci_low``/``ci_high`` must lie in
-[0, 1]. A floor on ``ci_low`` fails when the run has no CI (one scored row, or all equal).
+[0, 1], so floors and ceilings on ``mean``/``median``/``p10``/``worst10_mean``/``ci_low``/``ci_high``
+must lie in [0, 1]. A floor on ``ci_low`` fails when the run has no CI (one scored row, or all equal).
+To guard the worst rows, limit ``worst10_mean`` (the mean of the worst ``ceil(n / 10)`` scored
+rows: the lowest of a greater-is-better metric, the highest of a lower-is-better one, under
+``ceilings``), not ``p10``: the 10th percentile interpolates between the sorted rows, so with
+rows ``[0, 0.76]`` and eighteen at 1 it reads 0.976 while ``worst10_mean`` reads 0.38.
 Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_high``) that
 :func:`mlflow_rag_eval.stats.ppi.ppi_from_run` logs once reviewers labelled some of the run's rows:
 ``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the

@@ -71,7 +71,7 @@ def _summary(figures: EvaluationFigures, scores: Mapping[str, np.ndarray]) -> li
             values = _scored(scores, m.key)
             missing = f"not computable: {ci_missing(values)}" if len(values) else "no scored row"
         rows.append({"name": m.name, "greater_is_better": m.greater_is_better, "mean": s.mean, "median": s.median,
-                     "p10": s.p10, "ci_low": s.ci_low, "ci_high": s.ci_high, "ci_missing": missing,
+                     "p10": s.p10, "worst10_mean": s.worst10_mean, "ci_low": s.ci_low, "ci_high": s.ci_high, "ci_missing": missing,
                      "n_scored": s.n_scored, "n_error": s.n_error, "n_skipped": s.n_skipped})
     return rows
 

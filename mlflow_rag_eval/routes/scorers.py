@@ -13,8 +13,8 @@ It returns the same ``Feedback`` the ``rag`` evaluator puts on a row's trace
 (:func:`~mlflow_rag_eval.tracking.traces.row_feedback`): the value, the
 justification as rationale, compact evidence in metadata, ``error`` when the judge could not
 decide, source LLM_JUDGE (the judge's name) or CODE. Aggregations match the ``rag``
-evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/ci_low``,
-``/ci_high``.
+evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``,
+``/ci_low``, ``/ci_high``.
 
 Inside ``mlflow.genai.evaluate`` the scorers also collect their rows, and when MLflow
 aggregates them (after every row is scored) the run gets what a ``rag`` evaluator run holds:
@@ -67,16 +67,17 @@ __all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
 #: the statistics MLflow aggregates from the scorers' values; the CI bounds are written with the
 #: run's other rag_eval contents instead, since a CI that cannot be computed (one row, all rows
 #: equal) is left out, and MLflow would log a None
-_STATS = ("mean", "median", "p10", "n_scored")
+_STATS = ("mean", "median", "p10", "worst10_mean", "n_scored")
 
 
-def _aggregation(stat: str, metric_key: str):
-    """One of the rag evaluator's statistics over the values MLflow collected. The first call
-    in an evaluation (every row is scored by then) writes the run's rag_eval contents."""
+def _aggregation(stat: str, metric_key: str, *, greater_is_better: bool):
+    """One of the rag evaluator's statistics over the values MLflow collected, in the metric's
+    direction (which rows are its worst). The first call in an evaluation (every row is scored
+    by then) writes the run's rag_eval contents."""
 
     def aggregate(values: list[float]) -> float | None:
         _flush_current_run()
-        summary = summarize([RowResult.scored(v) for v in values])
+        summary = summarize([RowResult.scored(v) for v in values], greater_is_better=greater_is_better)
         return getattr(summary, stat)
 
     aggregate.__name__ = stat  # MLflow names each metric `<scorer>/<function name>`
@@ -146,7 +147,8 @@ class RagScorer(Scorer):
     _slice_by: tuple[str, ...] = PrivateAttr(default=())
 
     def __init__(self, metric: Metric, judge: Judge | None, **kwargs):
-        super().__init__(name=metric.key, aggregations=[_aggregation(s, metric.key) for s in _STATS],
+        super().__init__(name=metric.key, aggregations=[
+            _aggregation(s, metric.key, greater_is_better=metric.greater_is_better) for s in _STATS],
                          description=(type(metric).__doc__ or "").strip().split("\n")[0], **kwargs)
         self._metric = metric
         self._judge = judge

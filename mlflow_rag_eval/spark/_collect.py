@@ -93,12 +93,15 @@ def slice_summaries(members: dict, figures: Sequence[MetricFigures], scores: dic
                     errors: dict[str, np.ndarray], n_rows: int, *, seed: int):
     """The :class:`~mlflow_rag_eval.evaluation.slices.SliceTable` of a run that is not held: each slice's
     summaries by :func:`~mlflow_rag_eval.results.summarize_values` of its rows' scores, in row
-    order, as the single-process route summarizes the rows themselves."""
+    order and in the metric's direction, as the single-process route summarizes the rows themselves."""
+    directions = {m.key: m.greater_is_better for m in figures}
+
     def summarize_rows(key: str, rows: np.ndarray):
         column, failed = scores[key][rows], errors[key][rows]
         values = column[~np.isnan(column)]
         n_error = int(failed.sum())
-        return summarize_values(values, n_error, len(rows) - len(values) - n_error, seed=seed)
+        return summarize_values(values, n_error, len(rows) - len(values) - n_error,
+                                greater_is_better=directions[key], seed=seed)
 
     return slice_table(list(members), members, n_rows, {m.key: (m.name, m.greater_is_better) for m in figures},
                        summarize_rows)
@@ -128,7 +131,8 @@ def metric_figures(out: DataFrame, metrics: Sequence[Metric], scores: dict[str, 
         n_error = sum(n for _, n, _ in failures)
         figures.append(MetricFigures(
             name=metric.display_name, spec=metric.spec(),
-            summary=summarize_values(values, n_error, n_rows - len(values) - n_error, seed=seed),
+            summary=summarize_values(values, n_error, n_rows - len(values) - n_error,
+                                     greater_is_better=metric.greater_is_better, seed=seed),
             greater_is_better=metric.greater_is_better, judged=bool(metric.primitives),
             failure_counts=failures, skip_counts=tuple((label, n) for label, n, _ in skips),
         ))

@@ -7,8 +7,8 @@ What a run holds after an evaluation (one evaluation per run):
 - one trace per row with the metrics as ``Feedback`` and the expectations as ``Expectation``
   assessments (:mod:`mlflow_rag_eval.tracking.traces`), linked to the run and to
   the evaluated logged model; ``log_traces=False`` leaves them out (very large runs);
-- metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/n_scored``, ``/n_error``, ``/ci_low``,
-  ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
+- metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``, ``/n_error``,
+  ``/ci_low``, ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
 - params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
   ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags; for
   a judge panel also ``rag_eval.judge.members`` and ``rag_eval.judge.member_fingerprints``

@@ -111,6 +111,28 @@ def test_slice_aggregates_equal_summarize_on_the_slice_rows_alone():
                 assert logged == {k.rsplit("/", 1)[1]: v for k, v in alone.as_metrics(m.key).items()}
 
 
+def test_a_slices_worst10_mean_is_the_worst_tenth_of_its_own_rows_in_the_metrics_direction():
+    """A lower-is-better metric's worst rows are its highest, on each slice as on the run."""
+    result = _hand_result()
+    pollution = MetricResult("pollution@3", {}, tuple(RowResult.scored(round(i * 0.37 % 1, 2)) for i in range(40)),
+                             greater_is_better=False)
+    table = compute_slices(result.records, ["difficulty"], [*result.metrics, pollution])
+    for field in table.fields:
+        for s in field.slices:
+            for m in (*result.metrics, pollution):
+                values = sorted(m.rows[i].value for i in s.rows if m.rows[i].status == "scored")
+                k = -(-len(values) // 10)
+                worst = values[-k:] if m is pollution else values[:k]
+                expected = sum(worst) / k
+                assert s.summaries[m.key].worst10_mean == pytest.approx(expected, abs=1e-12)
+                key = keys.slice_prefix(m.key, field.key, s.key) + "/worst10_mean"
+                assert table.as_metrics()[key] == pytest.approx(expected, abs=1e-12)
+                assert table.as_dict()["fields"][field.field]["slices"][s.value]["metrics"][m.key][
+                    "worst10_mean"] == pytest.approx(expected, abs=1e-12)
+    hard = next(s for s in table.fields[0].slices if s.value == "hard")
+    assert hard.summaries[pollution.key].worst10_mean > hard.summaries[pollution.key].mean  # the highest, not lowest
+
+
 def test_a_slice_evaluated_alone_gives_the_same_figures():
     """End to end through the engine: the slice of an evaluation vs an evaluation of the
     slice's rows (a new evaluation, its own records)."""
@@ -203,7 +225,7 @@ def test_slice_keys_are_accepted_by_real_mlflow_stores(tmp_path, monkeypatch):
     records = [RagRecord("q", "a", metadata={"weird field/name=1": v}) for v in NASTY]
     metric = MetricResult("ndcg@10", {}, tuple(RowResult.scored(i / len(NASTY)) for i in range(len(NASTY))))
     flat = compute_slices(records, ["weird field/name=1"], [metric]).as_metrics()
-    assert len(flat) == len(NASTY) * 5  # mean, median, p10, n_scored, n_error: one row, no CI
+    assert len(flat) == len(NASTY) * 6  # mean, median, p10, worst10_mean, n_scored, n_error: one row, no CI
     for key in flat:
         _validate_metric_name(key)
         assert keys.is_slice_key(key) and len(key) <= MAX_ENTITY_KEY_LENGTH

@@ -192,3 +192,42 @@ def test_an_undefined_calibration_names_its_metric(tracking_uri):
         {"require_metrics": ["faithfulness"]}))
     assert not check.passed
     assert check.reason == "faithfulness: calibration rho is undefined on 8 labels (constant scores or labels)"
+
+
+# -- worst10_mean: the floor that guards the worst rows --------------------------------------------
+def test_a_worst10_mean_floor_fails_where_a_p10_floor_passes():
+    """Two bad rows of twenty: p10 interpolates to 0.976, the worst two average 0.38."""
+    from mlflow_rag_eval.gate.checks import metric_checks
+    from mlflow_rag_eval.results import summarize_values
+
+    logged = summarize_values([0.0, 0.76] + [1.0] * 18, 0, 0).as_metrics("ndcg_at_10")
+    policy = load_policy({"min_scored_rows": 20, "floors": {"ndcg@10/p10": 0.5, "ndcg@10/worst10_mean": 0.5}})
+    by_kind = {c.kind: c for c in metric_checks(logged, policy)}
+    assert by_kind["floor p10"].passed and by_kind["floor p10"].value == pytest.approx(0.976)
+    worst = by_kind["floor worst10_mean"]
+    assert not worst.passed and worst.reason == "ndcg_at_10/worst10_mean = 0.380 < floor 0.5"
+
+
+def test_a_lower_is_better_worst10_mean_is_verified_in_its_direction_and_gated_by_a_ceiling():
+    """The gate recomputes the logged figure from the rows table in the direction the run's
+    lineage records: the highest rows of pollution are its worst, so the honest figure is
+    believed (read as higher-is-better it would be 0 and called altered), and an edited one is not."""
+    from mlflow_rag_eval.compare import EvaluatedRun
+    from mlflow_rag_eval.gate.checks import AlteredRun, metric_checks, verified_figures
+    from mlflow_rag_eval.results import summarize_values
+
+    scores = [1.0, 0.6] + [0.0] * 18
+    table = pd.DataFrame({"question": [f"q{i}" for i in range(20)], "pollution_at_3/score": scores})
+    logged = summarize_values(scores, 0, 0, greater_is_better=False).as_metrics("pollution_at_3")
+    assert logged["pollution_at_3/worst10_mean"] == pytest.approx(0.8)
+    key = "pollution_at_3/worst10_mean"
+    run = EvaluatedRun("R", {}, table, {"pollution_at_3": False}, metrics=logged)
+    assert verified_figures(run, ["pollution_at_3"], [key])[key] == pytest.approx(0.8)
+    altered = EvaluatedRun("R", {}, table, {"pollution_at_3": False}, metrics={**logged, key: 0.0})
+    with pytest.raises(AlteredRun, match="logged pollution_at_3/worst10_mean=0 but its rows table gives 0.8"):
+        verified_figures(altered, ["pollution_at_3"], [key])
+    policy = load_policy({"min_scored_rows": 20, "ceilings": {"pollution@3/p10": 0.5, "pollution@3/worst10_mean": 0.5}})
+    by_kind = {c.kind: c for c in metric_checks(verified_figures(run, ["pollution_at_3"], [key]), policy)}
+    assert by_kind["ceiling p10"].passed  # p10 of [0 x 18, 0.6, 1] is 0
+    assert not by_kind["ceiling worst10_mean"].passed
+    assert by_kind["ceiling worst10_mean"].reason == "pollution_at_3/worst10_mean = 0.800 > ceiling 0.5"

@@ -112,7 +112,7 @@ def test_the_shipped_json_schema_is_the_models():
     assert props["max_error_rate"]["default"] == 0.05 and props["min_scored_rows"]["default"] == 30
     assert props["max_error_rate"]["maximum"] == 1 and props["min_scored_rows"]["minimum"] == 0
     assert set(props["floors"]["patternProperties"]) == {
-        "^.+/(mean|median|p10|ci_low|ci_high|ppi_mean|ppi_ci_low|ppi_ci_high)$"}
+        "^.+/(mean|median|p10|worst10_mean|ci_low|ci_high|ppi_mean|ppi_ci_low|ppi_ci_high)$"}
     assert props["floors"]["additionalProperties"] is False
     regression = shipped["$defs"]["RegressionTest"]["properties"]
     assert regression["decide_on"]["enum"] == ["point", "ci_low", "test", "ppi"]

@@ -402,3 +402,16 @@ def test_report_renders_in_headless_chromium(sample, chromium, tmp_path):
     assert layout["circles"] == 54 and layout["bars"] > 10
     assert layout["mainWidth"] == "1180px"  # the inline stylesheet applied, despite the CSP
     assert layout["overflowX"] <= 0 and layout["scripts"] == 0
+
+
+def test_the_summary_shows_the_worst_decile_mean_beside_p10():
+    """Two bad rows of twenty: p10 reads 0.976, the worst 10% mean 0.380; for a lower-is-better
+    metric the worst rows are its highest."""
+    result = make_result({"faithfulness": [0.0, 0.76] + [1.0] * 18,
+                          "abstention_error": [1.0, 0.9] + [0.0] * 18}, lower_is_better=("abstention_error",))
+    html = render_report(result, lineage(result))
+    summary = html[html.index("<h2>Summary</h2>"):html.index("</table>", html.index("<h2>Summary</h2>"))]
+    assert '<th class="num">p10</th><th class="num" title="the mean of the worst 10% of the scored rows' in summary
+    assert ">worst 10% mean</th>" in summary
+    assert '<td class="num">0.976</td><td class="num">0.380</td>' in summary
+    assert '<td class="num">0.000</td><td class="num">0.950</td>' in summary

@@ -155,6 +155,7 @@ def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tr
     assert_rows_equal(out, single)
     assert_aggregates_equal(done.metrics, single)
     assert all(f"{m.key}/ci_low" in done.metrics for m in single.metrics)  # the CIs were compared, not skipped
+    assert all(f"{m.key}/worst10_mean" in done.metrics for m in single.metrics)  # and the worst deciles
     assert done.figures.dataset_digest == single.dataset_digest == dataset_digest(records_from_frame(frame))
     for a, b in zip(done.figures.metrics, single.metrics):
         assert a.skip_reasons() == b.skip_reasons() and a.failures() == b.failures()
@@ -396,6 +397,30 @@ def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, r
     slices = [json.loads(_text(r.info.run_id, SLICES_FILE)) for r in (single_run, spark_run)]
     assert slices[0] == slices[1]
     assert slices[1]["fields"]["topics"]["n_missing"] == len(range(0, 2000, 5))
+
+
+def test_a_lower_is_better_worst10_mean_equals_single_process_on_the_run_and_its_slices(spark, rows_2000,
+                                                                                       tracking_uri, tmp_path):
+    """pollution@5's worst rows are its highest (a few rows repeat a parent): Spark passes the
+    metric's direction as the single-process route does, for the run and for each slice."""
+    from mlflow_rag_eval.evaluation.slices import attach_columns
+    from mlflow_rag_eval.spark import evaluate_spark
+
+    frame = _with_slice_fields(rows_2000[0])
+    path = write_parts(frame, tmp_path / "rows", PARTS)
+    metrics = ["mrr", "pollution@5"]
+    records = attach_columns(records_from_frame(frame), frame, ["difficulty"])
+    single = evaluate_records(records, metrics, available_fields=FIELDS)
+    with mlflow.start_run() as single_run:
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=["difficulty"])
+    with mlflow.start_run() as spark_run:
+        evaluate_spark(path, metrics, output=str(tmp_path / "scored"), slice_by=["difficulty"], max_table_rows=0,
+                       log_traces=False)
+    single_metrics, spark_metrics = (_run_contents(r.info.run_id)[0] for r in (single_run, spark_run))
+    worst = {k: v for k, v in single_metrics.items() if k.endswith("/worst10_mean")}
+    assert {"pollution_at_5/worst10_mean", "pollution_at_5/slice/difficulty/hard/worst10_mean"} <= set(worst)
+    assert single_metrics["pollution_at_5/worst10_mean"] > single_metrics["pollution_at_5/mean"]  # the highest rows
+    assert {k: spark_metrics.get(k) for k in worst} == pytest.approx(worst, rel=0, abs=1e-12)
 
 
 @pytest.mark.parametrize(
