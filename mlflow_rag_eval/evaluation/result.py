@@ -98,7 +98,7 @@ class EvaluationFigures(EvaluationContext):
         return [m for m in self.metrics if m.error_rate > max_error_rate]
 
     def aggregates(self) -> dict[str, float]:
-        """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/n_scored``, ...
+        """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``, ...
         (``/panel_alpha``... too when a judge panel judged the metric)."""
         out: dict[str, float] = {}
         for m in self.metrics:
