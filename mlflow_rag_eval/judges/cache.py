@@ -23,6 +23,17 @@ each write is one short autocommit ``INSERT OR REPLACE``, and a writer that find
 locked waits (``busy_timeout``) rather than failing. A process killed mid-write loses only the
 write it was making; WAL recovery restores a consistent file for the next opener.
 
+A lock held long elsewhere (a ``cache clear`` vacuuming, a sqlite browser with a transaction
+open, a process stopped mid-write) must not stall the caller: :meth:`JudgeCache.get` and
+:meth:`JudgeCache.put` take a ``wait``, the most seconds to wait for the lock, and raise
+:class:`JudgeCacheLocked` past it. Once a bounded wait has run out, later bounded calls only try
+briefly (``LOCKED_PROBE_S``) until a write succeeds: the file is known locked, and waiting again
+on every row would add up to what the bound was meant to prevent.
+
+A path that can never hold a cache (a directory, a file whose folder cannot be created) is
+refused when the :class:`JudgeCache` is made, with :class:`UnusableCachePath`: before any
+provider call, rather than as every row's failure.
+
 A damaged cache is never fatal and never silent:
 
 * an entry whose value does not decode (not JSON, not a dict) is deleted with a warning and
@@ -57,7 +68,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_DIR_ENV", "DisabledJudgeCache", "JudgeCache", "NotAJudgeCache", "default_cache_path"]
+__all__ = [
+    "CACHE_DIR_ENV", "LOCKED_PROBE_S", "DisabledJudgeCache", "JudgeCache", "JudgeCacheLocked", "NotAJudgeCache",
+    "UnusableCachePath", "default_cache_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +88,11 @@ _WORD_SPLIT = re.compile(r"[^0-9a-zA-Z]+|(?<=[a-z0-9])(?=[A-Z])")
 _TABLE = "judge_cache"
 _COLUMNS = ("key", "value", "created_at")
 
+#: Seconds a bounded get/put waits for the lock while the file is known locked (the last
+#: bounded wait ran out): enough to get past another process's one-row write (milliseconds),
+#: short enough that rows go on uncached at once while a long lock lasts.
+LOCKED_PROBE_S = 0.02
+
 
 class NotAJudgeCache(ValueError):
     """The file at a cache path is not a judge cache; the message says what it is instead."""
@@ -81,6 +100,57 @@ class NotAJudgeCache(ValueError):
     def __init__(self, path: Path, why: str):
         self.path, self.why = path, why
         super().__init__(f"{path} is not a judge cache: {why}")
+
+
+class UnusableCachePath(NotAJudgeCache):
+    """Nothing at a cache path can ever be a judge cache (a directory, a file whose folder
+    cannot be created): refused when the cache is made, before any provider call."""
+
+    def __init__(self, path: Path, why: str):
+        self.path, self.why = path, why
+        ValueError.__init__(self, f"{path} cannot be a judge cache: {why}")
+
+
+class JudgeCacheLocked(sqlite3.OperationalError):
+    """Another connection (most likely another process) holds the cache file's lock past the
+    wait a bounded :meth:`JudgeCache.get` or :meth:`JudgeCache.put` allowed."""
+
+    def __init__(self, path: Path, wait: float):
+        self.path, self.wait = path, wait
+        super().__init__(f"judge cache {path} is locked by another process: no lock within {wait:.2g} s")
+
+
+def _is_lock_error(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (any extended code): another connection holds the lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc)
+
+
+def _set_busy_timeout(conn: sqlite3.Connection, seconds: float) -> None:
+    """How long the next statements wait for another connection's lock: set per operation, as
+    a bounded get/put waits less than the cache's timeout on the one shared connection."""
+    conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
+
+def _why_unusable(path: Path) -> str | None:
+    """Why no cache can ever be made at ``path``, or None. Nothing is created: a missing folder
+    is fine as long as it can be made (the first write makes it). A file that exists is judged
+    when opened (moved aside if it is not a judge cache), not here."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        return None if path.is_file() else "it is not a regular file"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"its folder {path.parent} cannot be created: {ancestor} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        what = "the file" if ancestor == path.parent else f"its folder {path.parent}"
+        return f"{what} cannot be created: {ancestor} is not writable"
+    return None
 
 
 def _schema(conn: sqlite3.Connection) -> tuple[bool, str | None]:
@@ -183,14 +253,22 @@ class JudgeCache:
 
     Args:
         path: the sqlite file; None for :func:`default_cache_path` (read at construction).
-        timeout: seconds a read or write waits for another writer before raising.
+        timeout: seconds a read or write waits for another writer before raising (a bounded
+            ``wait`` of :meth:`get` and :meth:`put` never exceeds it).
+
+    Raises:
+        UnusableCachePath: ``path`` is a directory, or a file whose folder cannot be created.
     """
 
     enabled = True
 
     def __init__(self, path: str | os.PathLike | None = None, *, timeout: float = 30.0):
         self._path = Path(path).expanduser() if path is not None else default_cache_path()
+        why = _why_unusable(self._path)
+        if why is not None:
+            raise UnusableCachePath(self._path, why)
         self._timeout = timeout
+        self._known_locked = False  # the last bounded wait for the lock ran out
         # One connection per instance behind a lock, rather than one per thread: cache
         # operations take microseconds next to provider calls of seconds, so serialising them
         # in-process costs nothing, and one connection is easy to close (a connection per
@@ -227,10 +305,12 @@ class JudgeCache:
         canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str, *, wait: float | None = None) -> dict | None:
         """The value stored under ``key``, or None. A missing file is a miss, left uncreated.
 
         A value that does not decode to a dict is deleted (with a warning) and is a miss.
+        ``wait``: the most seconds to wait for another connection's lock (None: the cache's
+        ``timeout``); past it :class:`JudgeCacheLocked` is raised (see the module docstring).
         """
 
         def read(conn: sqlite3.Connection) -> dict | None:
@@ -246,20 +326,23 @@ class JudgeCache:
                 return None
             return value
 
-        return self._run(read, create=False)
+        return self._run(read, create=False, wait=wait)
 
-    def put(self, key: str, value: dict) -> None:
+    def put(self, key: str, value: dict, *, wait: float | None = None) -> None:
         """Store ``value`` under ``key``, committed at once (replacing any previous value).
+
+        ``wait``: as for :meth:`get`.
 
         Raises:
             ValueError: ``value`` has a truthy ``error``/``refusal``, or a credential-like key.
             TypeError: ``value`` is not a JSON-serialisable dict.
+            JudgeCacheLocked: no lock within ``wait``.
         """
         text = _check_value(value)
         self._run(lambda conn: conn.execute(
             "INSERT OR REPLACE INTO judge_cache (key, value, created_at) VALUES (?, ?, ?)",
             (key, text, time.time()),
-        ), create=True)
+        ), create=True, wait=wait)
 
     def stats(self) -> dict:
         """``{"path", "entries", "bytes"}``; bytes counts the db, -wal and -shm files.
@@ -272,6 +355,7 @@ class JudgeCache:
         """
         with self._lock:
             if self._conn is not None and os.getpid() == self._pid:  # ours, checked when opened
+                _set_busy_timeout(self._conn, self._timeout)
                 entries = self._conn.execute("SELECT COUNT(*) FROM judge_cache").fetchone()[0]
             else:
                 entries = _inspect(self._path, self._timeout) if self._path.exists() else 0
@@ -291,6 +375,7 @@ class JudgeCache:
             conn = self._connection(create=False)
             if conn is None:
                 return 0
+            _set_busy_timeout(conn, self._timeout)
             removed = conn.execute("DELETE FROM judge_cache").rowcount
             try:
                 conn.execute("VACUUM")
@@ -322,25 +407,53 @@ class JudgeCache:
     def __repr__(self) -> str:
         return f"JudgeCache({str(self._path)!r})"
 
-    def _run(self, op, *, create: bool):
+    def _run(self, op, *, create: bool, wait: float | None = None):
         """``op(connection)`` under the lock; None when the file is missing and not ``create``.
 
         A file found not to be sound sqlite in use ("database disk image is malformed") is
         moved aside once and ``op`` runs again on a fresh cache: a cache never fails a run.
+        With a ``wait``, the in-process lock and then the file's lock are waited for at most
+        that long in all (``LOCKED_PROBE_S`` while the file is known locked), then
+        JudgeCacheLocked. Only a write (``create``) that succeeds ends the known-locked state:
+        in WAL mode reads go on while another process holds the write lock.
         """
-        with self._lock:
+        bounded = wait is not None
+        wait = max(0.0, min(wait, self._timeout)) if bounded else self._timeout
+        if bounded and self._known_locked:
+            wait = min(wait, LOCKED_PROBE_S)
+        give_up = time.monotonic() + wait
+        # A thread of ours holding the lock longer is itself waiting on the file's lock.
+        if not self._lock.acquire(timeout=wait if bounded else -1):
+            raise JudgeCacheLocked(self._path, wait)
+        try:
             for attempt in (1, 2):
-                conn = self._connection(create=create)
-                if conn is None:
-                    return None
+                left = wait
+                if bounded:  # known locked meanwhile (by the thread we waited for): try briefly
+                    left = max(0.0, give_up - time.monotonic())
+                    left = min(left, LOCKED_PROBE_S) if self._known_locked else left
                 try:
-                    return op(conn)
+                    conn = self._connection(create=create, wait=left)
+                    if conn is None:
+                        return None
+                    _set_busy_timeout(conn, left)
+                    result = op(conn)
+                except sqlite3.OperationalError as exc:
+                    if bounded and _is_lock_error(exc):
+                        self._known_locked = True
+                        raise JudgeCacheLocked(self._path, wait) from None
+                    raise
                 except sqlite3.DatabaseError as exc:
                     if attempt == 2 or not _not_sqlite(exc):
                         raise
                     self._conn = None
                     conn.close()
                     self._move_aside(f"not a sound sqlite database ({exc})")
+                    continue
+                if create:
+                    self._known_locked = False
+                return result
+        finally:
+            self._lock.release()
         return None  # unreachable
 
     def _drop(self, conn: sqlite3.Connection, key: str, raw: Any, exc: Exception) -> None:
@@ -384,8 +497,9 @@ class JudgeCache:
         files = (self._path, Path(f"{self._path}-wal"), Path(f"{self._path}-shm"))
         return sum(f.stat().st_size for f in files if f.exists())
 
-    def _connection(self, create: bool) -> sqlite3.Connection | None:
-        """The open connection, opened on first use (caller holds the lock).
+    def _connection(self, create: bool, wait: float | None = None) -> sqlite3.Connection | None:
+        """The open connection, opened on first use (caller holds the lock), waiting at most
+        ``wait`` seconds (None: the timeout) for another connection's lock to open it.
 
         With ``create=False`` a missing file stays missing and None is returned.
         """
@@ -400,10 +514,11 @@ class JudgeCache:
         if not create and not self._path.exists():
             return None
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + self._timeout
+        wait = self._timeout if wait is None else wait
+        deadline = time.monotonic() + wait
         while True:
             try:
-                self._conn = self._open()
+                self._conn = self._open(wait)
                 return self._conn
             except sqlite3.OperationalError as exc:
                 # Switching a new file to WAL can report "locked" without waiting on the busy
@@ -412,12 +527,11 @@ class JudgeCache:
                     raise
                 time.sleep(0.05)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, wait: float) -> sqlite3.Connection:
         # isolation_level=None: autocommit, so every write is its own short transaction.
-        return sqlite3.connect(self._path, timeout=self._timeout, isolation_level=None,
-                               check_same_thread=False)
+        return sqlite3.connect(self._path, timeout=wait, isolation_level=None, check_same_thread=False)
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, wait: float) -> sqlite3.Connection:
         # Judge the file before anything writes to it: a foreign database must not be switched
         # to WAL or given a table. Twice at most: after a move, the path holds a new file (ours,
         # or one another process created meanwhile, judged in turn).
@@ -426,7 +540,7 @@ class JudgeCache:
                 seen = os.stat(self._path)
             except FileNotFoundError:
                 seen = None
-            conn = self._connect()
+            conn = self._connect(wait)
             try:
                 _, problem = _schema(conn)
             except sqlite3.DatabaseError as exc:
@@ -469,10 +583,10 @@ class DisabledJudgeCache:
         """No file backs a disabled cache."""
         return None
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str, *, wait: float | None = None) -> dict | None:
         return None
 
-    def put(self, key: str, value: dict) -> None:
+    def put(self, key: str, value: dict, *, wait: float | None = None) -> None:
         _check_value(value)  # same guards, so code tested with cache=False fails the same way
 
     def stats(self) -> dict:

@@ -32,10 +32,24 @@ class LLMSettings:
       the requests in flight can all fail together in one blip (a pooled connection dropped,
       a restart), so the count must also span their retries, i.e. the server stayed down
       through a round of backoff; a dead server is then declared in about a second and a few
-      dozen calls. 0 turns fail-fast off. 5xx answers and read timeouts do not count: the
-      server answered or accepted, and may be slow or failing on one row only; they stay
-      bounded per row by ``max_retries`` and ``deadline``. An HTTP answer of any status
-      resets the count (the server is reachable); a read timeout neither counts nor resets.
+      dozen calls. 0 turns fail-fast off. 5xx answers do not count: the server answered, and
+      may be failing on one row only; they stay bounded per row by ``max_retries`` and
+      ``deadline``. An HTTP answer of any status resets the count (the server is reachable);
+      a timeout neither counts nor resets it (it has a count of its own, below).
+    - ``unreachable_after_timeouts`` (fail-fast for a server that accepts connections but
+      never answers): after that many *consecutive timeouts* (an attempt with no answer
+      within its budget, ``timeout`` or what the deadline left), across all calls and threads,
+      the judge raises :class:`JudgeUnreachable` too; otherwise such a server costs every row
+      its whole deadline (100 rows x 4 metrics at CLI defaults: over an hour). A separate
+      setting because timeouts, unlike refused connections, also come from a working server
+      that is slow: a reasoning model or a CPU-only server on long prompts may time out often,
+      and is set higher here, or 0 (off), without losing the connection fail-fast. None (the
+      default) takes the ``unreachable_after`` limit (twice the concurrency, at least 8; 0
+      turns both off). The count is safe for a slow server at high concurrency because it is
+      of *consecutive* timeouts, reset by any HTTP answer: a server that answers even one
+      request per round of ``concurrency`` timeouts never reaches twice that; only one that
+      answered nothing through a round of requests and their retries (about ``2 x timeout``)
+      is declared.
     - ``rate_limit`` (requests per second): a provider's quota is per time, not per
       connection, and ``concurrency`` alone lets fast replies exceed it (then every request
       pays 429s and backoff). Each request, first attempt or retry, takes the next free slot
@@ -56,6 +70,8 @@ class LLMSettings:
     backoff_max: float = 30.0
     #: consecutive connection failures before JudgeUnreachable; None: 2 x concurrency, >= 8
     unreachable_after: int | None = None
+    #: consecutive timeouts before JudgeUnreachable; None: as ``unreachable_after``; 0: off
+    unreachable_after_timeouts: int | None = None
     #: concurrent requests; None takes the provider's default
     concurrency: int | None = None
     #: requests per second sent to the provider by this judge, every thread and retry

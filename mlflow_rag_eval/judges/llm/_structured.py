@@ -17,6 +17,11 @@ costs the same everywhere:
 So one structured reply costs at most two provider calls. Callers must not retry on top:
 an adapter that re-asks after a ParseError, or a library's own re-parse loop, would multiply
 that bound.
+
+The cache is read and written inside the call's ``deadline``: each waits for the cache file's
+lock at most :data:`CACHE_LOCK_WAIT_S` or what is left of the deadline, whichever is smaller.
+A cache locked by another process then costs the reuse, never the row: the read is a miss, the
+reply is used unstored, and the judge says so once (not once per row).
 """
 
 from __future__ import annotations
@@ -30,14 +35,21 @@ from typing import Any
 from pydantic import BaseModel
 
 from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
-from mlflow_rag_eval.judges.cache import JudgeCache
+from mlflow_rag_eval.judges.cache import JudgeCache, JudgeCacheLocked
 from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, parse_reply
 from mlflow_rag_eval.judges.llm.chat import ChatReply, ChatRequest, PermanentError
 from mlflow_rag_eval.judges.llm.transport import MESSAGE_CHARS, Transport
 
-__all__ = ["ask", "corrective_request", "schema_validator"]
+__all__ = ["CACHE_LOCK_WAIT_S", "ask", "corrective_request", "schema_validator"]
 
 _logger = logging.getLogger(__name__)
+
+#: The most seconds a cache read or write waits for the file's lock (less when the call's
+#: deadline leaves less). Another process's one-row write holds it for milliseconds; a lock
+#: held for seconds is a long transaction elsewhere (a vacuum, a sqlite browser, a stopped
+#: process) that may last the whole run. Giving up costs at most one provider call (a miss now,
+#: or a reply not reused later), so waiting longer than a call takes would cost more than it saves.
+CACHE_LOCK_WAIT_S = 2.0
 
 #: What the one corrective retry says: the validation error, never the reply itself.
 CORRECTION = "Your reply was not valid: {reason}. Reply again with only the JSON object that matches the schema."
@@ -83,8 +95,9 @@ def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], 
             in the usage's errors.
         JudgeUnreachable: the provider cannot be reached at all (the evaluation stops).
     """
+    deadline = time.monotonic() + transport.settings.deadline
     mode = transport.response_format
-    cached = cache.get(key_for(mode))
+    cached = _cached(transport, cache, key_for(mode), deadline)
     if cached is not None and isinstance(cached.get("text"), str):
         try:
             parsed = validate(cached["text"])
@@ -94,7 +107,7 @@ def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], 
         except ReplyParseError:
             pass  # a stale or foreign entry: ask again
     try:
-        parsed, reply, mode = _validated_reply(transport, request, validate)
+        parsed, reply, mode = _validated_reply(transport, request, validate, deadline)
     except JudgeUnreachable:
         raise
     except PermanentError as exc:
@@ -105,18 +118,17 @@ def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], 
         _logger.warning("judge %s: a reply failed: %s: %s", transport.name, type(exc).__name__, exc)
         failure = JudgeFailure(type(exc).__name__, str(exc)[:MESSAGE_CHARS])
     else:
-        _store(transport, cache, key_for(mode), reply)
+        _store(transport, cache, key_for(mode), reply, deadline)
         transport.note_reply(reply.model, mode)
         return parsed
     transport.usage.add(errors=failure.kind)
     raise failure
 
 
-def _validated_reply(transport: Transport, request: ChatRequest,
-                     validate: Callable[[str], Any]) -> tuple[Any, ChatReply, str]:
+def _validated_reply(transport: Transport, request: ChatRequest, validate: Callable[[str], Any],
+                     deadline: float) -> tuple[Any, ChatReply, str]:
     """Send, validate; on an invalid reply one corrective retry; then ParseError. Returns the
     parsed reply, the reply and the way it was asked."""
-    deadline = time.monotonic() + transport.settings.deadline
     reply, mode = transport.reply(request, deadline)
     try:
         return validate(reply.text), reply, mode
@@ -129,11 +141,34 @@ def _validated_reply(transport: Transport, request: ChatRequest,
         raise JudgeFailure("ParseError", f"{second} (after one corrective retry)") from None
 
 
-def _store(transport: Transport, cache: JudgeCache, key: str, reply: ChatReply) -> None:
+def _lock_wait(deadline: float) -> float:
+    return max(0.0, min(CACHE_LOCK_WAIT_S, deadline - time.monotonic()))
+
+
+def _cache_locked(transport: Transport, exc: JudgeCacheLocked) -> None:
+    """Say once per judge that its cache is locked: every row meets it while the lock lasts."""
+    if transport.first_notice("cache-locked"):
+        _logger.warning("judge %s: the cache file %s is locked by another process (no lock within %.2g s); "
+                        "rows go on uncached (replies are used, neither read back nor stored) while it stays "
+                        "locked", transport.name, exc.path, exc.wait)
+
+
+def _cached(transport: Transport, cache: JudgeCache, key: str, deadline: float) -> dict | None:
+    """The cached entry under ``key``; a cache locked past the wait is a miss."""
+    try:
+        return cache.get(key, wait=_lock_wait(deadline))
+    except JudgeCacheLocked as exc:
+        _cache_locked(transport, exc)
+        return None
+
+
+def _store(transport: Transport, cache: JudgeCache, key: str, reply: ChatReply, deadline: float) -> None:
     """Cache a reply that parsed; a cache that cannot write costs the reuse, not the verdict."""
     entry = {"text": reply.text, "model": reply.model, "system_fingerprint": reply.system_fingerprint,
              "tokens_in": reply.tokens_in, "tokens_out": reply.tokens_out}
     try:
-        cache.put(key, entry)
+        cache.put(key, entry, wait=_lock_wait(deadline))
+    except JudgeCacheLocked as exc:
+        _cache_locked(transport, exc)
     except Exception as exc:  # noqa: BLE001
         _logger.warning("judge %s: reply not cached (%s: %s)", transport.name, type(exc).__name__, exc)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ from mlflow_rag_eval.judges.base import (
     Verdict,
     VerifyItem,
 )
-from mlflow_rag_eval.judges.cache import JudgeCache
+from mlflow_rag_eval.judges.cache import JudgeCache, UnusableCachePath
 from mlflow_rag_eval.judges.llm import _structured as structured
 from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, extract_json, inline_refs
 from mlflow_rag_eval.judges.llm._pool import RowPool
@@ -68,6 +69,21 @@ from mlflow_rag_eval.judges.prompts import (
 )
 
 __all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]  # the last three re-exported
+
+
+_logger = logging.getLogger(__name__)
+
+
+def _default_cache(judge: str) -> JudgeCache | None:
+    """The cache at its default place, or None (no cache) with a warning when that place cannot
+    hold one (a read-only home): the user chose no path, so the run goes on uncached, whereas a
+    path the user gives that cannot be a cache is refused (``UnusableCachePath``)."""
+    try:
+        return JudgeCache()
+    except UnusableCachePath as exc:
+        _logger.warning("judge %s: no reply cache: %s (set MLFLOW_RAG_EVAL_CACHE_DIR to a writable folder)",
+                        judge, exc)
+        return None
 
 
 class LLMJudge(Judge):
@@ -98,7 +114,7 @@ class LLMJudge(Judge):
         self.settings = settings or LLMSettings(**overrides)
         self.name = name or f"{backend.provider}:/{backend.model}"
         if cache is True:
-            cache = JudgeCache()
+            cache = _default_cache(self.name)
         self.cache = cache if isinstance(cache, JudgeCache) else JudgeCache.disabled()
         self.usage_ = Usage()
         self._transport = Transport(backend, self.settings, self.usage_, name=self.name,

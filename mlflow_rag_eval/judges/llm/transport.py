@@ -9,7 +9,8 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
   arrived but does not parse is the structured path's business.
 - **Fail-fast.** A provider that cannot be reached at all (``unreachable_after`` consecutive
   connection failures, across calls and threads) raises :class:`JudgeUnreachable`, which
-  stops the evaluation instead of failing every row the same way.
+  stops the evaluation instead of failing every row the same way; so does one that accepts
+  connections but never answers (``unreachable_after_timeouts`` consecutive timeouts).
 - **Schema fallback.** A server that refuses the requested structured-output format
   (``SchemaUnsupported``) is asked the next way: ``json_schema``, then ``json_object`` where
   the backend has it, then prompt-and-parse. The switch is made once per judge, remembered
@@ -172,7 +173,12 @@ class Transport:
         self._format_lock = threading.Lock()
         self._connection_failures = 0
         self._last_connection_failure: tuple[float, str] = (0.0, "")
+        self._timeouts = 0  # consecutive attempts that got no answer within their budget
+        self._last_timeout = 0.0
+        self._longest_timed_out = 0.0  # the longest budget among them, in seconds
         self._health_lock = threading.Lock()
+        self._noticed: set[str] = set()
+        self._noticed_lock = threading.Lock()
         rate = settings.rate_limit or getattr(backend, "default_rate_limit", None)
         self.rate_limit = float(rate) if rate else None
         self._limiter = RateLimiter(self.rate_limit) if self.rate_limit else None
@@ -245,11 +251,12 @@ class Transport:
                 self._limiter.acquire(deadline)
                 remaining = deadline - time.monotonic()
             started = time.monotonic()
+            budget = min(s.timeout, remaining)
             try:
                 self.usage.add(provider_calls=1, response_formats=mode_of(request))
-                reply = self.backend.complete(replace(request, timeout=min(s.timeout, remaining)))
+                reply = self.backend.complete(replace(request, timeout=budget))
             except TransientError as exc:
-                self._note_transient(exc)
+                self._note_transient(exc, budget)
                 attempt += 1
                 self._back_off(exc, attempt, deadline)
                 continue
@@ -285,36 +292,67 @@ class Transport:
             return max(0, self.settings.unreachable_after)
         return max(8, 2 * self.concurrency)
 
-    def _note_transient(self, exc: TransientError) -> None:
-        """Count a connection failure (raising JudgeUnreachable at the limit); an HTTP answer
-        (429, 5xx) resets the count; a timeout leaves it as it is."""
-        if exc.kind != CONNECTION_ERROR:
-            if exc.kind != "Timeout":
-                self._note_answer()
-            return
+    def timeout_limit(self) -> int:
+        """Consecutive timeouts that declare the judge unreachable: ``unreachable_after_timeouts``,
+        else the connection-failure limit (so ``unreachable_after=0`` turns both off)."""
+        if self.settings.unreachable_after_timeouts is not None:
+            return max(0, self.settings.unreachable_after_timeouts)
+        return self.unreachable_limit()
+
+    def _note_transient(self, exc: TransientError, budget: float) -> None:
+        """Count a connection failure or a timeout (an attempt of ``budget`` s that got no
+        answer), raising JudgeUnreachable at its limit; an HTTP answer (429, 5xx) resets both
+        counts. Each count leaves the other as it is."""
+        now = time.monotonic()
         with self._health_lock:
-            self._connection_failures += 1
-            self._last_connection_failure = (time.monotonic(), exc.message)
+            if exc.kind == CONNECTION_ERROR:
+                self._connection_failures += 1
+                self._last_connection_failure = (now, exc.message)
+            elif exc.kind == "Timeout":
+                self._timeouts += 1
+                self._last_timeout = now
+                self._longest_timed_out = max(self._longest_timed_out, budget)
+        if exc.kind not in (CONNECTION_ERROR, "Timeout"):
+            self._note_answer()
+            return
         self.check_reachable()
 
     def check_reachable(self) -> None:
-        """Raise JudgeUnreachable while the judge is declared unreachable (the limit reached,
-        the last connection failure less than UNREACHABLE_HOLD_S ago)."""
-        limit = self.unreachable_limit()
+        """Raise JudgeUnreachable while the judge is declared unreachable (a limit reached, the
+        last failure it counts less than UNREACHABLE_HOLD_S ago)."""
+        limit, timeout_limit, now = self.unreachable_limit(), self.timeout_limit(), time.monotonic()
         with self._health_lock:
             count = self._connection_failures
             when, last = self._last_connection_failure
-        if not limit or count < limit or time.monotonic() - when >= UNREACHABLE_HOLD_S:
-            return
-        raise JudgeUnreachable(
-            f"judge {self.name!r} is unreachable: {count} consecutive connection failures, "
-            f"the last: {last}. Check that the server is running and its address; the "
-            f"evaluation stopped before logging anything (LLMSettings.unreachable_after={limit})"
-        )
+            timeouts, timed_out_at, longest = self._timeouts, self._last_timeout, self._longest_timed_out
+        if limit and count >= limit and now - when < UNREACHABLE_HOLD_S:
+            raise JudgeUnreachable(
+                f"judge {self.name!r} is unreachable: {count} consecutive connection failures, "
+                f"the last: {last}. Check that the server is running and its address; the "
+                f"evaluation stopped before logging anything (LLMSettings.unreachable_after={limit})"
+            )
+        if timeout_limit and timeouts >= timeout_limit and now - timed_out_at < UNREACHABLE_HOLD_S:
+            raise JudgeUnreachable(
+                f"judge {self.name!r} is unreachable: {timeouts} consecutive timeouts: the server accepts "
+                f"connections but does not answer within {longest:.3g} s. Check that it is not hung or "
+                f"overloaded, or raise LLMSettings.timeout; the evaluation stopped before logging anything "
+                f"(LLMSettings.unreachable_after_timeouts={timeout_limit})"
+            )
 
     def _note_answer(self) -> None:
         with self._health_lock:
             self._connection_failures = 0
+            self._timeouts = 0
+            self._longest_timed_out = 0.0
+
+    def first_notice(self, topic: str) -> bool:
+        """True the first time ``topic`` comes up in this judge's life: a condition every row
+        meets (its cache locked by another process) is said once, not once per row."""
+        with self._noticed_lock:
+            if topic in self._noticed:
+                return False
+            self._noticed.add(topic)
+            return True
 
     # -- accounting -----------------------------------------------------------------------------
     def _account(self, reply: ChatReply) -> None:
