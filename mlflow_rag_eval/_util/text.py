@@ -58,3 +58,13 @@ def strip_citations(text: str) -> str:
     """``text`` without citation markers (``[1]``, ``[[2]]``, ``[doc-7]``): they are pointers,
     not claims, and their digits must not count as numbers the context has to contain."""
     return _CITATION.sub("", text)
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` on one line (whitespace collapsed), cut at a word boundary when longer than
+    ``limit``, saying how much was left out: a message is never cut inside a value."""
+    one_line = " ".join(str(text).split())
+    if len(one_line) <= limit:
+        return one_line
+    cut = one_line[:limit].rsplit(" ", 1)[0] if " " in one_line[:limit] else one_line[:limit]
+    return f"{cut} … ({len(one_line) - len(cut)} more characters)"

@@ -31,6 +31,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from mlflow_rag_eval._util.text import shorten
 from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.llm.chat import (
     CONNECTION_ERROR,
@@ -387,5 +388,5 @@ class Transport:
             self.usage.add(schema_fallbacks=f"{refused}->{wanted}")
             _remember_format(self.backend, wanted)
             _logger.warning("judge %s: the server refused response format %s (%s); asking with %s from now on",
-                            self.name, refused, exc.message[:200], wanted)
+                            self.name, refused, shorten(exc.message), wanted)
         return current
