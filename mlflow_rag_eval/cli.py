@@ -580,7 +580,8 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         raise click.BadParameter(f"{data_path!r} does not exist", param_hint="--data")
     if spark_master:
         _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                           max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options)
+                           max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options,
+                           progress=False if no_progress else None)
         return
     if output is not None:
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
@@ -642,7 +643,8 @@ def _local_workers_run_this_python(local: bool, start):
 
 
 def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
-                       max_error_rate, master, output, max_table_rows, tracking_uri, judge_options) -> None:
+                       max_error_rate, master, output, max_table_rows, tracking_uri, judge_options, *,
+                       progress: bool | None = None) -> None:
     """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
     from mlflow_rag_eval.results import ErrorRateExceeded
 
@@ -655,9 +657,12 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
         raise SystemExit(UNUSABLE) from None
     _use_store(tracking_uri, experiment)
     started = SparkSession.getActiveSession() is None  # a caller's session (a notebook, a test) is left running
-    spark = _local_workers_run_this_python(
-        started and master.startswith("local"),
-        SparkSession.builder.master(master).appName("mlflow-rag-eval").getOrCreate)
+    from mlflow_rag_eval._util.progress import progress_wanted
+
+    # Spark's own stage bar is the progress of a Spark run (rows are scored inside its tasks).
+    builder = SparkSession.builder.master(master).appName("mlflow-rag-eval").config(
+        "spark.ui.showConsoleProgress", str(progress_wanted(progress)).lower())
+    spark = _local_workers_run_this_python(started and master.startswith("local"), builder.getOrCreate)
     names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
     try:
         path = data_path if "://" in data_path else str(Path(data_path).resolve())
