@@ -137,6 +137,19 @@ def _record_frame(inputs, outputs, expectations, trace):
     return pd.DataFrame([row]), contexts is not None
 
 
+def _row_record(inputs, outputs, expectations, trace) -> tuple[RagRecord, set[str], bool]:
+    """One genai row as a record (checked as every route checks its data), the record fields it
+    provides, and whether it says what was retrieved (outputs or RETRIEVER spans).
+
+    Raises:
+        RecordError: a bad cell (the row is the only one: its number means nothing here).
+    """
+    frame, has_contexts = _record_frame(inputs, outputs, expectations, trace)
+    fields = {"answer", "contexts"} | {c for c in EXPECTATION_FIELDS if c in frame}
+    (record,) = records_from_frame(frame, ColumnMapping())
+    return record, fields, has_contexts
+
+
 class RagScorer(Scorer):
     """A genai Scorer computing one registered metric with one judge."""
 
@@ -161,9 +174,7 @@ class RagScorer(Scorer):
         start = time.perf_counter()
         record, fields = None, {"answer", "contexts"}
         try:
-            frame, has_contexts = _record_frame(inputs, outputs, expectations, trace)
-            fields |= {c for c in EXPECTATION_FIELDS if c in frame}
-            (record,) = records_from_frame(frame, ColumnMapping())
+            record, fields, has_contexts = _row_record(inputs, outputs, expectations, trace)
             missing = [f for f in metric.requires if f not in fields]
             if "contexts" in metric.requires and not has_contexts:
                 # Nothing says what was retrieved: scoring it as "retrieved nothing" would be a
@@ -428,9 +439,7 @@ def check_rows(data, metrics: Iterable[Metric]) -> None:
         has_outputs = row.get("outputs") is not None
         outputs = row.get("outputs") if has_outputs else {"answer": "(from predict_fn)", "contexts": []}
         try:
-            frame, has_contexts = _record_frame(row.get("inputs") or {}, outputs, row.get("expectations"), None)
-            fields = {"answer", "contexts"} | {c for c in EXPECTATION_FIELDS if c in frame}
-            (record,) = records_from_frame(frame, ColumnMapping())
+            record, fields, has_contexts = _row_record(row.get("inputs") or {}, outputs, row.get("expectations"), None)
             for metric in metrics if has_outputs and has_contexts else ():
                 if all(f in fields for f in metric.requires):
                     metric.validate([record], ColumnMapping())
