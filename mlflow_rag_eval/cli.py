@@ -115,7 +115,7 @@ def _quiet_mlflow(verbose: bool):
     saved_level = logger.level  # already imported here (a test, a notebook): set it too
     for name, value in _QUIET_ENV.items():
         os.environ.setdefault(name, value)
-    if "MLFLOW_LOGGING_LEVEL" not in {n for n, v in saved_env.items() if v is not None}:
+    if saved_env["MLFLOW_LOGGING_LEVEL"] is None:  # the user's level, when set, is theirs
         logger.setLevel(max(saved_level, logging.WARNING))
     try:
         yield
