@@ -2,8 +2,8 @@
 
 MLflow copies scorers (and with them their judge) and calls them from many threads at once; a
 model loaded per copy or per thread cost seconds and hundreds of MB each time. Loads are
-counted with a stand-in ``sentence_transformers`` module (fast, and it can be slowed down to
-widen the race), then once with the real MiniLM.
+counted with a stand-in for the encoder classes (fast, and it can be slowed down to widen the
+race), then once with the real MiniLM on the numpy encoder.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ from __future__ import annotations
 import copy
 import os
 import pickle
-import sys
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ import pytest
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
 from mlflow_rag_eval.judges.local_model import embedding
 from mlflow_rag_eval.judges.local_model.embedding import Embedder, load_model, resolve_model_path
+from mlflow_rag_eval.judges.local_model.encoder import BertEncoder
 from mlflow_rag_eval.judges.providers.local import LocalJudge
 from mlflow_rag_eval.judges.providers.scripted import ScriptedBackend
 
@@ -29,33 +28,32 @@ MINILM = os.path.realpath(resolve_model_path("minilm-l6"))  # models are keyed b
 
 
 class _Counting:
-    """Stands in for SentenceTransformer: counts constructions, embeds by character counts."""
+    """Stands in for both encoders: counts constructions, embeds by character counts."""
 
+    engine = "counting"
     loads: list[str] = []
     delay = 0.0
     fail_next = False
 
-    def __init__(self, path, device=None, local_files_only=False):
+    def __init__(self, path, problem=None):
         time.sleep(self.delay)  # a slow load: every thread asking meanwhile must wait for it
         if _Counting.fail_next:
             _Counting.fail_next = False
             raise OSError(f"cannot load {path}")
         _Counting.loads.append(path)
 
-    def encode(self, texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
-               show_progress_bar=False):
+    def encode(self, texts, batch_size=64):
         vectors = np.array([[t.count(c) + 1.0 for c in "aeiou"] for t in texts], dtype=np.float32)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
 @pytest.fixture
 def counting(monkeypatch):
-    """A fresh per-process model cache, and the stand-in module in place of the real one."""
+    """A fresh per-process model cache, and the stand-in in place of both encoders."""
     monkeypatch.setattr(embedding, "_MODELS", {})
     monkeypatch.setattr(embedding, "_LOADING", {})
-    module = types.ModuleType("sentence_transformers")
-    module.SentenceTransformer = _Counting
-    monkeypatch.setitem(sys.modules, "sentence_transformers", module)
+    monkeypatch.setattr(embedding, "BertEncoder", _Counting)
+    monkeypatch.setattr(embedding, "SentenceTransformerEncoder", _Counting)
     monkeypatch.setattr(_Counting, "loads", [])
     monkeypatch.setattr(_Counting, "delay", 0.0)
     return _Counting
@@ -118,19 +116,17 @@ def test_a_pickled_judge_loads_nothing_more_in_the_same_process(counting):
 
 
 def test_the_real_minilm_is_loaded_once_for_every_judge(monkeypatch):
-    """The same, with the shipped model and the real SentenceTransformer."""
-    from sentence_transformers import SentenceTransformer
-
+    """The same, with the shipped model on the real (numpy) encoder."""
     loads = []
 
-    class Spy(SentenceTransformer):
-        def __init__(self, *args, **kwargs):
-            loads.append(args[0])
-            super().__init__(*args, **kwargs)
+    class Spy(BertEncoder):
+        def __init__(self, path):
+            loads.append(path)
+            super().__init__(path)
 
     monkeypatch.setattr(embedding, "_MODELS", {})
     monkeypatch.setattr(embedding, "_LOADING", {})
-    monkeypatch.setattr(sys.modules["sentence_transformers"], "SentenceTransformer", Spy)
+    monkeypatch.setattr(embedding, "BertEncoder", Spy)
     local = LocalJudge()
     judges = [local, copy.deepcopy(local), LocalJudge(), LLMJudge(ScriptedBackend(), cache=False)]
     pairs = [("How much does a bike ticket cost?", "Bicycles travel for a flat fare of 5 euros.")]
