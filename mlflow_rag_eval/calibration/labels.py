@@ -95,10 +95,12 @@ def label_value(value: Any) -> float:
 
 
 def _run_traces(client, run) -> list:
+    from mlflow_rag_eval._util.mlflow_compat import search_traces
+
     infos, token = [], None
     while True:
-        page = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id,
-                                    include_spans=False, max_results=500, page_token=token)
+        page = search_traces(client, run.info.experiment_id, run_id=run.info.run_id,
+                             include_spans=False, max_results=500, page_token=token)
         infos += [t.info for t in page]
         token = page.token
         if not token:

@@ -16,7 +16,12 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
   run keeps the evidence) when a metric's share of failed rows is above it (default: none);
 - ``slice_by``: a list of fields, each a column of the data or a key of the ``metadata``
   column's dicts: the run also gets every metric's statistics per value of each field
-  (:mod:`mlflow_rag_eval.evaluation.slices`). Checked on the data before the pipeline runs.
+  (:mod:`mlflow_rag_eval.evaluation.slices`). Checked on the data before the pipeline runs;
+- ``max_cost``: US dollars the LLM judge may cost at most (:mod:`mlflow_rag_eval.evaluation.budget`):
+  the estimate (calls, tokens, cost) is printed before any judge call, a run estimated above it
+  is refused then (:class:`BudgetExceeded`, nothing logged), and one that reaches it stops, the
+  rows scored so far logged and the rest not applicable, the reason in the run's
+  ``rag_eval.budget.stopped`` tag.
 
 Every evaluation ends with a summary on stderr: per metric, rows scored, failed (the most
 common error kinds with an example) and not applicable; a warning when any row failed.
@@ -41,28 +46,40 @@ from mlflow.models.evaluation import ModelEvaluator
 from mlflow.models.evaluation.artifacts import JsonEvaluationArtifact
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
-from mlflow_rag_eval.evaluation.engine import evaluate_records
-from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
-from mlflow_rag_eval.evaluation.suite import prepare_suite
-from mlflow_rag_eval.records import (
-    ColumnMapping,
-    predictions_to_frame,
-    records_from_frame,
-    validate_inputs,
-)
-from mlflow_rag_eval.tracking.pipeline_traces import predict_with_traces
-from mlflow_rag_eval.tracking.run_logging import (
-    TABLE_FILE,
-    announce,
-    assert_run_is_fresh,
-    log_evaluation,
-)
+from mlflow_rag_eval._util.mlflow_compat import MLFLOW_VERSION, SUPPORTED
+
+# The entry point must load on every MLflow release: were an import below to fail, MLflow would
+# only warn (among its own start-up lines) and then say that no evaluator could evaluate the
+# model. The failure is kept instead, and raised, naming its cause, when model_type="rag" asks.
+try:
+    from mlflow_rag_eval.evaluation.budget import Budget, check_max_cost
+    from mlflow_rag_eval.evaluation.engine import evaluate_records
+    from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
+    from mlflow_rag_eval.evaluation.suite import prepare_suite
+    from mlflow_rag_eval.records import (
+        ColumnMapping,
+        predictions_to_frame,
+        records_from_frame,
+        validate_inputs,
+    )
+    from mlflow_rag_eval.tracking.pipeline_traces import predict_with_traces
+    from mlflow_rag_eval.tracking.run_logging import (
+        TABLE_FILE,
+        announce,
+        assert_run_is_fresh,
+        log_evaluation,
+    )
+except ImportError as exc:
+    _UNLOADABLE: ImportError | None = exc
+else:
+    _UNLOADABLE = None
+
 
 __all__ = ["CONFIG_KEYS", "MODEL_TYPE", "RagEvaluator"]
 
 MODEL_TYPE = "rag"
 CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
-                         "slice_by", "progress"})
+                         "slice_by", "progress", "max_cost"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -106,6 +123,9 @@ class RagEvaluator(ModelEvaluator):
 
     @classmethod
     def can_evaluate(cls, *, model_type, evaluator_config, **kwargs) -> bool:
+        if model_type == MODEL_TYPE and _UNLOADABLE is not None:
+            raise ImportError(f"the rag evaluator cannot run on MLflow {MLFLOW_VERSION} (mlflow-rag-eval supports "
+                              f"mlflow{SUPPORTED}): {_UNLOADABLE}") from _UNLOADABLE
         return model_type == MODEL_TYPE
 
     @callers_logging_kept()
@@ -147,12 +167,13 @@ class RagEvaluator(ModelEvaluator):
         if options.slice_by:
             records = attach_columns(records, frame, options.slice_by)
             slice_members(records, options.slice_by)  # a value that is no slice label costs no judge call
+        budget = Budget(options.max_cost)  # refuses an estimate above max_cost before any judge call
         result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
-                                  progress=options.progress)
+                                  progress=options.progress, budget=budget)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
             result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
-            slice_by=options.slice_by,
+            slice_by=options.slice_by, tags=budget.run_tags(),
         )
         # After logging: a failed evaluation keeps its evidence on the run.
         announce(result, max_error_rate=options.max_error_rate)
@@ -189,10 +210,13 @@ class _Options:
     slice_by: tuple[str, ...]
     #: a progress bar on stderr: True, False, or None (the environment, else whether stderr is a terminal)
     progress: bool | None
+    #: US dollars the judge may cost at most (None: no cap)
+    max_cost: float | None = None
 
 
 def _options(config: Mapping[str, Any]) -> _Options:
-    """``log_traces``, ``max_error_rate`` and ``slice_by`` from the config, refused when malformed."""
+    """``log_traces``, ``max_error_rate``, ``slice_by``, ``progress`` and ``max_cost`` from the config, refused
+    when malformed."""
     log_traces = config.get("log_traces", True)
     if not isinstance(log_traces, bool):
         raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
@@ -206,7 +230,8 @@ def _options(config: Mapping[str, Any]) -> _Options:
     progress = config.get("progress")
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"evaluator_config['progress'] must be true or false, got {progress!r}")
-    return _Options(log_traces, max_error_rate, slice_by, progress)
+    max_cost = check_max_cost(config.get("max_cost"), "evaluator_config['max_cost']")
+    return _Options(log_traces, max_error_rate, slice_by, progress, max_cost)
 
 
 def _available_fields(frame: pd.DataFrame, mapping: ColumnMapping) -> set[str]:

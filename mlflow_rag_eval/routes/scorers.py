@@ -50,6 +50,7 @@ from mlflow.genai.scorers import Scorer
 from pydantic import PrivateAttr
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
+from mlflow_rag_eval._util.mlflow_compat import search_traces
 from mlflow_rag_eval.evaluation.engine import run_metric
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
@@ -345,8 +346,8 @@ def _stored_traces(client, run_id: str) -> dict[str, Any]:
     stored: dict[str, Any] = {}
     token = None
     while True:
-        page = client.search_traces(locations=[run.info.experiment_id], run_id=run_id, include_spans=False,
-                                    max_results=500, page_token=token)
+        page = search_traces(client, run.info.experiment_id, run_id=run_id, include_spans=False,
+                             max_results=500, page_token=token)
         for trace in page:
             stored[trace.info.trace_id] = trace.info
         token = page.token

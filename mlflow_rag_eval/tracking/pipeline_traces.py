@@ -11,6 +11,8 @@ from typing import Any
 
 from mlflow.tracing.constant import TraceTagKey
 
+from mlflow_rag_eval._util.mlflow_compat import search_traces
+
 __all__ = ["match_pipeline_traces", "predict_with_traces"]
 
 _logger = logging.getLogger(__name__)
@@ -70,8 +72,8 @@ def predict_with_traces(model, inputs, questions: Sequence[str], experiment_id: 
     client = MlflowClient()
     traces, token = [], None
     while True:
-        page = client.search_traces(
-            locations=[experiment_id], filter_string=f"tag.`{TraceTagKey.EVAL_REQUEST_ID}` = '{request_id}'",
+        page = search_traces(
+            client, experiment_id, filter_string=f"tag.`{TraceTagKey.EVAL_REQUEST_ID}` = '{request_id}'",
             max_results=500, page_token=token, include_spans=True,
         )
         traces += list(page)

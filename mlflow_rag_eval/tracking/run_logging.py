@@ -54,8 +54,9 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
-from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS, MLFLOW_RUN_TYPE, MLFLOW_RUN_TYPE_GENAI_EVALUATE
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
+from mlflow_rag_eval._util.mlflow_compat import evaluation_run_tags
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 from mlflow_rag_eval.judges.base import JudgeInfo
@@ -337,7 +338,7 @@ def log_run_level(
         **(extra_params or {}),
     }
     tags = {
-        MLFLOW_RUN_TYPE: MLFLOW_RUN_TYPE_GENAI_EVALUATE,
+        **evaluation_run_tags(),
         **({MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id)} if table else {}),
         EVALUATED_TAG: "true",
         "rag_eval.judge": judge.name,
