@@ -25,6 +25,7 @@ __all__ = [
     "compute_slices",
     "evaluate_records",
     "evaluate_spark",
+    "evaluate_traces",
     "get_judge",
     "rag_metrics",
     "rag_scorers",
@@ -40,6 +41,7 @@ _WHERE = {
     "records_from_frame": "mlflow_rag_eval.records",
     "evaluate_records": "mlflow_rag_eval.evaluation.engine",
     "evaluate_spark": "mlflow_rag_eval.spark",  # imports pyspark, on first use only
+    "evaluate_traces": "mlflow_rag_eval.routes.production_traces",
     "get_judge": "mlflow_rag_eval.judges",
     "register_judge_provider": "mlflow_rag_eval.judges",
     "rag_metrics": "mlflow_rag_eval.routes.extra_metrics",

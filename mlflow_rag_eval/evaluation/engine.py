@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval._util.progress import Progress, progress_wanted
+from mlflow_rag_eval.evaluation.budget import Budget, estimate_cost
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
@@ -36,6 +37,8 @@ __all__ = ["evaluate_records", "no_judge", "run_metric", "score_records"]
 _logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 1024
+#: rows per batch under a cost cap: the budget is checked between batches
+BUDGET_BATCH_SIZE = 16
 
 
 @callers_logging_kept()
@@ -49,6 +52,7 @@ def evaluate_records(
     progress: bool | None = None,
     suite: Suite | None = None,
     seed: int = SEED,
+    budget: Budget | None = None,
 ) -> EvaluationResult:
     """Score ``records`` with a metric suite and a judge (default: the local MiniLM judge).
 
@@ -61,6 +65,10 @@ def evaluate_records(
             evaluator makes it before the pipeline runs); ``metrics`` and ``judge`` are then
             not used.
         seed: the bootstrap seed of the metrics' CIs.
+        budget: the run's cost cap (:mod:`mlflow_rag_eval.evaluation.budget`): the estimate
+            is printed, a run estimated above ``budget.max_cost`` is refused before any judge
+            call (:class:`BudgetExceeded`), and one that reaches it stops between batches, its
+            rows left unscored as not applicable, with the reason (``budget.stopped``).
     """
     records = list(records)
     mapping = mapping or ColumnMapping()
@@ -71,7 +79,9 @@ def evaluate_records(
     suite.drop_inapplicable(records)
     for metric in suite.metrics:
         metric.validate(records, mapping)
-    rows, timings = score_records(suite, records, progress=progress_wanted(progress))
+    if budget is not None:  # after every check on the data, before any judge call
+        budget.check(estimate_cost(suite.metrics, records, suite.judge), judge=suite.judge)
+    rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget)
     judge_obj = suite.judge
     results = [
         MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
@@ -91,17 +101,18 @@ def evaluate_records(
     )
 
 
-def score_records(suite: Suite, records: Sequence[RagRecord], *,
-                  progress: bool = False) -> tuple[dict[str, list[RowResult]], dict[str, float]]:
+def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool = False,
+                  budget: Budget | None = None) -> tuple[dict[str, list[RowResult]], dict[str, float]]:
     """Score records already validated for ``suite``: per metric name, one row result per
     record, and the seconds each metric took.
 
     The engine's batches and failure handling without the checks and the summary around them:
     a runner that validates the data itself (Spark, per partition, before any of it is
     scored) scores each share of the rows with this, so a row gets the same result on every
-    route.
+    route. With a ``budget`` checked already (:meth:`Budget.check`) and a cap, the batches are
+    :data:`BUDGET_BATCH_SIZE` rows and each starts only while the budget allows its estimate.
     """
-    runner = _Runner(suite, len(records), progress)
+    runner = _Runner(suite, len(records), progress, budget)
     return runner.score(list(records)), runner.timings
 
 
@@ -110,8 +121,10 @@ class _Runner:
     raises fails that batch's rows with the exception's kind, message and traceback, and the
     run goes on — except :class:`JudgeUnreachable`, which stops it."""
 
-    def __init__(self, suite: Suite, n_records: int, progress: bool):
-        self.suite, self.n_records, self.progress = suite, n_records, progress
+    def __init__(self, suite: Suite, n_records: int, progress: bool, budget: Budget | None = None):
+        self.suite, self.n_records, self.progress, self.budget = suite, n_records, progress, budget
+        capped = budget is not None and budget.max_cost is not None
+        self.batch_size = BUDGET_BATCH_SIZE if capped else BATCH_SIZE
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
         self._lock = threading.Lock()
@@ -140,8 +153,12 @@ class _Runner:
             watcher.start()
         try:
             with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
-                for start in range(0, len(records), BATCH_SIZE):
-                    batch = records[start : start + BATCH_SIZE]
+                for start in range(0, len(records), self.batch_size):
+                    batch = records[start : start + self.batch_size]
+                    if not self._allowed(start, len(batch), len(records)):
+                        for metric in metrics:
+                            rows[metric.display_name] += [RowResult.not_applicable(self.budget.reason())] * len(batch)
+                        continue
                     with batch_memo():  # what the batch's metrics share, dropped with the batch
                         # Each task runs in a copy of this context, which holds the batch's memo.
                         futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
@@ -154,6 +171,17 @@ class _Runner:
                 watcher.join()
             self.bar.close()
         return rows
+
+    def _allowed(self, start: int, size: int, total: int) -> bool:
+        """Whether the batch at ``start`` may be scored within the budget (always without a
+        cap); a batch that may not is left unscored, a not-applicable row per record and metric."""
+        if self.budget is None or self.budget.max_cost is None:
+            return True
+        costs = self.budget.estimate.row_costs if self.budget.estimate is not None else []
+        allowed = self.budget.allows(sum(costs[start : start + size]), total - start)
+        if not allowed:
+            self.bar.advance(size * len(self.suite.metrics))
+        return allowed
 
     def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
         start = time.perf_counter()

@@ -60,6 +60,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
+from mlflow_rag_eval._util.mlflow_compat import batch_get_traces, log_spans
 from mlflow_rag_eval.judges import JudgeInfo
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import MetricResult, RowResult, error_kind
@@ -71,6 +72,8 @@ __all__ = [
     "ROW_METADATA",
     "assessment_source",
     "compact_evidence",
+    "link_traces",
+    "log_assessments",
     "log_row_traces",
     "row_expectations",
     "row_feedback",
@@ -374,7 +377,7 @@ def log_row_traces(
 
 def _log_spans(tracing, experiment_id: str, spans: list[Span], infos: list[TraceInfo]) -> None:
     try:
-        tracing.log_spans(experiment_id, spans)
+        log_spans(tracing, experiment_id, spans)
     except NotImplementedError:
         # A store without span logging (the file store) keeps each trace's spans as an artifact.
         by_trace: dict[str, list[Span]] = {}
@@ -403,10 +406,32 @@ def _assess_pipeline_traces(result, rows: list[int], existing, tracing, run_id: 
             log(assessment)
 
 
+def log_assessments(client, assessments: Sequence) -> None:
+    """Add ``assessments`` (each naming its ``trace_id``) to traces that exist already: one
+    ``create_assessment`` call each (MLflow has no batch call), overlapping over HTTP."""
+    tracing = client._tracing_client  # MlflowClient's own tracing client: same store, same URI
+
+    def log(assessment) -> None:
+        tracing.log_assessment(assessment.trace_id, assessment)
+
+    if _is_rest(tracing) and len(assessments) > 1:
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="rag_eval_assessments") as pool:
+            list(pool.map(log, assessments))
+    else:
+        for assessment in assessments:
+            log(assessment)
+
+
+def link_traces(client, trace_ids: Sequence[str], run_id: str) -> None:
+    """Link traces to a run, in batches of MLflow's limit (a store that cannot link is left
+    as it is: the traces' assessments still name the run)."""
+    _link(client, list(trace_ids), run_id)
+
+
 def _get_traces(tracing, trace_ids: list[str]) -> list:
     out = []
     for start in range(0, len(trace_ids), 100):
-        out += tracing.batch_get_traces(trace_ids[start : start + 100])
+        out += batch_get_traces(tracing, trace_ids[start : start + 100])
     return out
 
 
