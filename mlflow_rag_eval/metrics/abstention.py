@@ -41,9 +41,13 @@ class _AbstentionRate(Metric):
                 if isinstance(verdict, JudgeFailure):
                     out[i] = failure_row(verdict)
                 else:
+                    word = "abstains" if verdict.value else "answers"
+                    reason = verdict.reason or ""
+                    # A judge's reason may already open with its verdict: say it once.
+                    why = reason if reason.lower().startswith(word) else f"{word}: {reason}"
                     out[i] = RowResult.scored(
                         1.0 if verdict.value else 0.0,
-                        f"{'abstains' if verdict.value else 'answers'}: {verdict.reason}",
+                        why,
                         **panel_votes(verdict),
                     )
             return out

@@ -45,12 +45,27 @@ __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 #: fingerprints (and with them the gate) see the change.
 RULES_VERSION = "local-rules-v3"
 
+#: A sentence about what the speaker or the sources cannot tell, not a fact about the world:
+#: "I don't know", "the documents do not say ...", "there is no information on ...", "this cannot
+#: be determined". A fact stated in the negative ("the price does not include VAT", "the warranty
+#: does not cover water damage") has a subject of its own and is a claim to verify.
+_SOURCES = (r"(?:documents?|context|contexts|sources?|passages?|texts?|articles?|records|materials?|"
+            r"information|data|excerpts?|results?|knowledge base|provided|available|given|retrieved)")
 _ABSTAIN = re.compile(
-    r"\b(i (?:do not|don't|cannot|can't|am unable to|am not able to) (?:know|answer|find|say|tell|help)"
-    r"|(?:do(?:es)?n[o']t|not) (?:say|mention|contain|specify|provide|include|cover|state)"
-    r"|no (?:relevant )?information|not (?:enough|sufficient) (?:information|context)"
-    r"|(?:cannot|can't|unable to) (?:be )?(?:answer|determine|find|tell)"
-    r"|unknown|no answer|not (?:available|documented) in)\b",
+    r"\b(?:i|we) (?:do not|don't|did not|didn't|cannot|can't|could not|couldn't|am unable to|am not able to|"
+    r"are unable to) (?:know|answer|find|say|tell|help|determine|see|confirm|locate)\b"
+    r"|\b(?:i|we) (?:do not|don't) have (?:that |this |the |enough |any |sufficient )?(?:information|details|data)\b"
+    r"|\bi(?: a|')m not (?:sure|certain|able to)\b"
+    rf"|\b{_SOURCES}(?: (?:provided|given|available|retrieved|here|above|below))? (?:do(?:es)?n[o']t|do(?:es)? not|"
+    r"did not|didn't|cannot|can't|fail to) (?:say|mention|contain|specify|provide|include|state|tell|cover|give|"
+    r"answer|list|indicate|address|discuss|describe|show|explain)\b"
+    r"|\bthere (?:is|are|was|were) no (?:relevant |specific |such )?(?:information|details|mention|data|answer)\b"
+    r"|\bno (?:relevant )?information (?:is|was) (?:available|provided|given)\b"
+    r"|\bnot (?:enough|sufficient) (?:information|context|details)\b"
+    r"|\b(?:it|this|that|which) (?:cannot|can't|could not|couldn't) be (?:answered|determined|found|said|known|"
+    r"confirmed|told)\b"
+    r"|\bunable to (?:answer|determine|find|say|tell|confirm)\b"
+    rf"|\bnot (?:available|documented|mentioned|specified|stated|given|found) in (?:the |any |these )?{_SOURCES}\b",
     re.I,
 )
 _ABSTAIN_PROTOTYPES = (
@@ -123,8 +138,10 @@ class LocalJudge(Judge):
             params = asdict(self.settings)
             # The support model counts by content, not by where its file lies.
             params["support_model_sha256"] = self.support_model.sha256[:16]
+            # What computed the vectors (numpy, or sentence-transformers for other models).
+            params["engine"] = self.embedder.engine
             blob = json.dumps(
-                {"kind": "local", "rules": RULES_VERSION, "files": files_sha,
+                {"kind": "local", "rules": RULES_VERSION, "files": files_sha, "engine": params["engine"],
                  "params": {k: v for k, v in params.items() if k != "support_model"}},
                 sort_keys=True,
             )
@@ -144,17 +161,52 @@ class LocalJudge(Judge):
         return {"embedding_batches": self.calls}
 
     # -- primitives -----------------------------------------------------------------------
-    def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
-        """Claims are the sentences that state something: abstentions and questions dropped."""
+    def _statements(self, text: str) -> tuple[list[str], list[str]]:
+        """The sentences of ``text`` that state something, and those that say what the speaker
+        or the sources cannot tell (questions and sentences without a content word are neither)."""
+        claims, abstaining = [], []
+        for sentence in split_sentences(strip_citations(text)):
+            if sentence.rstrip().endswith("?") or not content_tokens(sentence):
+                continue
+            (abstaining if _ABSTAIN.search(sentence) else claims).append(sentence)
+        return claims, abstaining
+
+    def _abstains(self, answers: Sequence[str]) -> list[Verdict]:
+        """Whether each answer as a whole abstains: it is empty, every sentence it states says
+        what cannot be told, or it is short and close to an abstention prototype. Decided once
+        per answer and used by both claim extraction and ``is_abstention``, so an answer that
+        abstains makes no claims and one that states a fact in the negative is verified."""
+        parts = [self._statements(a) for a in answers]
+        short = [k for k, (claims, _) in enumerate(parts)
+                 if claims and len(content_tokens(" ".join(claims))) <= 12]
+        vectors = self.embedder.encode(list(_ABSTAIN_PROTOTYPES) + [answers[k] for k in short]) if short else None
+        if short:
+            self.calls += 1
+        n = len(_ABSTAIN_PROTOTYPES)
+        closeness = {k: _stable(np.max(vectors[:n] @ vectors[n + j])) for j, k in enumerate(short)}
         out = []
-        for text in texts:
-            claims = [
-                s
-                for s in split_sentences(strip_citations(text))
-                if not s.rstrip().endswith("?") and not _ABSTAIN.search(s) and content_tokens(s)
-            ]
-            out.append(claims)
+        for k, (answer, (claims, abstaining)) in enumerate(zip(answers, parts)):
+            near = closeness.get(k, 0.0)
+            if not answer.strip():
+                out.append(Verdict(True, "empty answer", score=1.0))
+            elif not claims and abstaining:
+                phrase = _ABSTAIN.search(abstaining[0]).group(0)
+                out.append(Verdict(True, f"says {phrase!r}", evidence=abstaining[0], score=1.0))
+            elif not claims:
+                out.append(Verdict(True, "states nothing", score=1.0))
+            elif near >= self.settings.abstention_threshold:
+                out.append(Verdict(True, f"close to an abstention (cosine {near:.2f})", score=near))
+            else:
+                reason = f"states {len(claims)} claim(s)" + (f", abstention cosine {near:.2f}" if k in closeness else "")
+                out.append(Verdict(False, reason, score=near))
         return out
+
+    def extract_claims(self, texts: Sequence[str]) -> list[Outcome[list[str]]]:
+        """Claims are the sentences that state something, negative statements included; an
+        answer that abstains as a whole has none, and a sentence saying what the sources do not
+        tell is not a claim."""
+        abstains = self._abstains(texts)
+        return [[] if verdict.value else self._statements(text)[0] for text, verdict in zip(texts, abstains)]
 
     @property
     def support_threshold(self) -> float:
@@ -248,26 +300,8 @@ class LocalJudge(Judge):
         return [_stable(max(c, 0.0)) for c in cos]
 
     def is_abstention(self, items: Sequence[tuple[str, str]]) -> list[Outcome[Verdict]]:
-        """Fixed abstention phrases, or a short answer close to an abstention prototype."""
-        answers = [answer for _, answer in items]
-        vectors = self.embedder.encode(list(_ABSTAIN_PROTOTYPES) + answers) if items else None
-        self.calls += 1
-        protos = vectors[: len(_ABSTAIN_PROTOTYPES)] if items else None
-        out: list[Outcome[Verdict]] = []
-        for k, answer in enumerate(answers):
-            if not answer.strip():
-                out.append(Verdict(True, "empty answer", score=1.0))
-                continue
-            match = _ABSTAIN.search(answer)
-            closeness = _stable(np.max(protos @ vectors[len(_ABSTAIN_PROTOTYPES) + k]))
-            short = len(content_tokens(answer)) <= 12
-            if match:
-                out.append(Verdict(True, f"abstains: says {match.group(0)!r}", evidence=match.group(0), score=1.0))
-            elif short and closeness >= self.settings.abstention_threshold:
-                out.append(Verdict(True, f"abstains: close to an abstention (cosine {closeness:.2f})", score=closeness))
-            else:
-                out.append(Verdict(False, f"answers (abstention cosine {closeness:.2f})", score=closeness))
-        return out
+        """Whether each answer abstains as a whole (see :meth:`_abstains`)."""
+        return list(self._abstains([answer for _, answer in items]))
 
 
 #: The settings a ``local:`` judge name (and ``get_judge``'s keywords) may set: the thresholds.

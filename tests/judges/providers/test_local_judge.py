@@ -47,19 +47,21 @@ def test_overrides_apply_on_top_of_given_settings():
     assert named.info().fingerprint == LocalJudge(support_threshold=0.7).info().fingerprint
 
 
-def test_torch_loads_at_the_first_embedding_not_before():
-    """Building the judge and its identity (files hashed) load no model; the first embedding does."""
+def test_the_model_loads_at_the_first_embedding_and_torch_never():
+    """Building the judge and its identity (files hashed) load no model; the first embedding
+    does, on numpy: torch, transformers and sentence-transformers stay out of the process."""
     code = textwrap.dedent(
         """
         import sys
-        heavy = lambda: [m for m in ("torch", "sentence_transformers") if m in sys.modules]
         from mlflow_rag_eval.judges import get_judge
+        from mlflow_rag_eval.judges.local_model.embedding import loaded_models
+        heavy = lambda: [m for m in ("torch", "transformers", "sentence_transformers") if m in sys.modules]
         judge = get_judge()
         judge.info()
-        judge.extract_claims(["The fare is 5 euros."])  # lexical: no embedding
-        assert heavy() == [], heavy()
+        assert loaded_models() == {}, loaded_models()
         judge.similarity([("train fare", "ticket price")])
-        assert heavy() == ["torch", "sentence_transformers"], heavy()
+        assert len(loaded_models()) == 1, loaded_models()
+        assert heavy() == [], heavy()
         print("OK")
         """
     )
@@ -145,3 +147,39 @@ def test_context_relevance_is_decided_sentence_by_sentence(local_judge):
     # per passage, the padded one would have counted as relevant too
     (verdicts,) = local_judge.rate_relevance([RelevanceItem(question, [padded])])
     assert verdicts[0].value
+
+
+def test_a_partial_abstention_still_answers_and_its_fact_is_a_claim(local_judge):
+    """Abstention is decided once per answer: a sentence that abstains inside an answer that
+    also states something does not make the answer an abstention, nor its fact disappear."""
+    answer = "I don't know about cats. Dogs travel free."
+    (verdict,) = local_judge.is_abstention([("Can pets travel?", answer)])
+    assert verdict.value is False
+    assert local_judge.extract_claims([answer]) == [["Dogs travel free."]]
+    # a fact in the negative is a claim, an abstention about the sources is not
+    assert local_judge.extract_claims(["The fare does not include a seat reservation."]) == [
+        ["The fare does not include a seat reservation."]]
+    assert local_judge.extract_claims(["The documents do not say how much it costs."]) == [[]]
+
+
+def test_the_row_verdict_follows_from_the_row_support(local_judge):
+    """Faithfulness says "every claim supported" exactly when the row's support (its weakest
+    claim's probability) reaches the judge's threshold: the number that ranks rows and the
+    verdict are one."""
+    import gzip
+    import json
+
+    from conftest import ROOT
+
+    from mlflow_rag_eval.evaluation.engine import evaluate_records
+    from mlflow_rag_eval.records import Context, RagRecord
+
+    lines = gzip.decompress((ROOT / "training_data" / "wice_dev.jsonl.gz").read_bytes()).decode().splitlines()
+    rows = [json.loads(line) for line in lines[:40]]
+    records = [RagRecord(question="", answer=r["answer"], contexts=(Context(text=r["context"]),)) for r in rows]
+    (metric,) = evaluate_records(records, ["faithfulness"], judge=local_judge).metrics
+    scored = [row for row in metric.rows if row.status == "scored" and row.details.get("claims")]
+    assert len(scored) >= 30
+    assert {row.value == 1.0 for row in scored} == {True, False}  # both verdicts occur
+    for row in scored:
+        assert (row.value == 1.0) == (row.details["support"] >= local_judge.support_threshold)
