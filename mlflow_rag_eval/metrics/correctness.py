@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.metrics.generation import failure_row, reference_not_applicable
+from mlflow_rag_eval.metrics.phrase_reference import is_phrase, is_yes_no, match_phrases, match_yes_no
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["AnswerCorrectness"]
@@ -25,6 +26,11 @@ class AnswerCorrectness(Metric):
     (all three are in the row's details). An answer with no claims has precision 0 and recall 0.
     Not applicable without a reference, on rows marked unanswerable, or when the reference
     makes no claims.
+
+    A reference that is a phrase ("49 euros.", "Two years.", "Yes.") is the answer to the row's
+    question, not a claim: the row scores 1.0 when the answer states it and 0.0 when it does not
+    (every mode), the match in the details
+    (:mod:`mlflow_rag_eval.metrics.phrase_reference`).
     """
 
     name = "answer_correctness"
@@ -43,7 +49,9 @@ class AnswerCorrectness(Metric):
         judge.require(*self.primitives, metric=self.name)
 
         def score(rows):
-            out: dict[int, RowResult] = {}
+            phrases = [i for i in rows if is_phrase(records[i].reference)]
+            out = self._phrase_rows(records, judge, phrases)
+            rows = [i for i in rows if i not in out]
             answer_side = judge.extract_and_verify(
                 [ClaimsItem(records[i].answer, [records[i].reference]) for i in rows]
             )
@@ -77,3 +85,24 @@ class AnswerCorrectness(Metric):
             return out
 
         return each_applicable(self, records, score)
+
+    def _phrase_rows(self, records, judge, rows: list[int]) -> dict[int, RowResult]:
+        """Rows whose reference is a phrase: does the answer state it?"""
+        out: dict[int, RowResult] = {}
+        yes_no = [i for i in rows if is_yes_no(records[i].reference)]
+        matches = dict(zip(yes_no, (match_yes_no(records[i].reference, records[i].answer) for i in yes_no)))
+        others = [i for i in rows if i not in matches]
+        matches.update(zip(others, match_phrases(judge, [(records[i].reference, [records[i].answer]) for i in others])))
+        for i in rows:
+            match = matches[i]
+            if isinstance(match, JudgeFailure):
+                out[i] = failure_row(match)
+                continue
+            value = 1.0 if match.stated else 0.0
+            verb = "states" if match.stated else "does not state"
+            out[i] = RowResult.scored(
+                value, f"{self.mode} {value:.2f}: the answer {verb} the short reference {records[i].reference!r} "
+                f"({match.how})",
+                reference_kind="phrase", match=match.as_dict(), precision=value, recall=value, f1=value,
+            )
+        return out

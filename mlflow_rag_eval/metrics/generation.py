@@ -14,6 +14,7 @@ import numpy as np
 from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges.base import ClaimsItem, Judge, JudgeFailure, RelevanceItem
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
+from mlflow_rag_eval.metrics.phrase_reference import is_phrase, is_yes_no, match_phrases
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import RowResult
 
@@ -130,7 +131,10 @@ class Faithfulness(Metric):
 class ContextRecall(Metric):
     """Share of the reference answer's claims that the retrieved contexts support.
 
-    Not applicable to rows without a reference, or marked unanswerable.
+    Not applicable to rows without a reference, or marked unanswerable. A reference that is a
+    phrase ("49 euros.", "Two years.") scores 1.0 when a context sentence states it, else 0.0
+    (:mod:`mlflow_rag_eval.metrics.phrase_reference`); a yes/no reference states no fact to
+    find, and is not applicable.
     """
 
     name = "context_recall"
@@ -138,13 +142,29 @@ class ContextRecall(Metric):
     primitives = ("extract_and_verify",)
 
     def not_applicable(self, record):
+        if record.reference and is_yes_no(record.reference) and is_phrase(record.reference):
+            return "a yes/no reference states no fact to find in the contexts"
         return reference_not_applicable(record)
 
     def compute(self, records, judge):
         judge.require(*self.primitives, metric=self.name)
 
         def score(rows):
-            return _claim_support(
+            phrases = [i for i in rows if is_phrase(records[i].reference)]
+            matches = match_phrases(judge, [(records[i].reference, records[i].context_texts) for i in phrases])
+            out: dict[int, RowResult] = {}
+            for i, match in zip(phrases, matches):
+                if isinstance(match, JudgeFailure):
+                    out[i] = failure_row(match)
+                    continue
+                verb = "states" if match.stated else "states nowhere"
+                out[i] = RowResult.scored(
+                    1.0 if match.stated else 0.0,
+                    f"the contexts {verb} the short reference {records[i].reference!r} ({match.how})",
+                    reference_kind="phrase", match=match.as_dict(),
+                )
+            rows = [i for i in rows if i not in out]
+            return out | _claim_support(
                 judge, rows, [records[i].reference for i in rows],
                 [records[i].context_texts for i in rows],
                 no_claims=lambda: RowResult.not_applicable("the reference makes no claims"),
