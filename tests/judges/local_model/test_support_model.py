@@ -13,12 +13,18 @@ from mlflow_rag_eval.cli import main
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.judges import get_judge
 from mlflow_rag_eval.judges.base import VerifyItem
-from mlflow_rag_eval.judges.local_model.support_model import SupportModel, default_model_path, load_support_model
+from mlflow_rag_eval.judges.local_model.support_model import (
+    FEATURES,
+    SupportModel,
+    default_model_path,
+    load_support_model,
+)
 from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
 from mlflow_rag_eval.records import Context, RagRecord
 
 CORPUS = ROOT / "examples" / "rag_pipeline" / "data" / "corpus.jsonl"
-PAIRS = [ROOT / "training_data" / "summedits_dev.jsonl.gz", ROOT / "training_data" / "northwind_pairs.jsonl"]
+PAIRS = [ROOT / "training_data" / f for f in
+         ("summedits_dev.jsonl.gz", "wice_dev.jsonl.gz", "begin_dev.jsonl.gz", "northwind_pairs.jsonl")]
 PASSAGE = ("Northwind Rail was founded in 1994 as Northwind Regional Railways. The company adopted the name "
            "Northwind Rail in 2003. Its head office is in Hull.")
 
@@ -41,11 +47,24 @@ def test_model_json_round_trips_and_refuses_other_features(tmp_path):
     assert again == model and again.sha256 == model.sha256
     data = json.loads(model.to_json())
     data["features"] = data["features"][:-1] + ["something_else"]
-    with pytest.raises(ValueError, match=r"missing \['log_length'\], unknown \['something_else'\].*retrain"):
+    with pytest.raises(ValueError, match=r"does not compute \(\['something_else'\]\).*retrain"):
         SupportModel.from_json(json.dumps(data))
     with pytest.raises(FileNotFoundError, match="train-local-judge"):
         load_support_model(tmp_path / "nope.json")
     assert default_model_path().name == "support_model.json"
+
+
+def test_a_model_on_fewer_features_reads_todays_rows():
+    """A model names the features it uses: one trained before a feature was added still
+    predicts from today's rows, reading its own columns."""
+    X = np.random.default_rng(0).normal(size=(5, len(FEATURES)))
+    used = FEATURES[:3]
+    model = SupportModel(features=used, mean=(0.0,) * 3, scale=(1.0,) * 3, coef=(1.0, -2.0, 0.5),
+                         intercept=0.1, threshold=0.5)
+    expected = 1 / (1 + np.exp(-(X[:, :3] @ np.array([1.0, -2.0, 0.5]) + 0.1)))
+    np.testing.assert_allclose(model.predict(X), expected)
+    again = SupportModel.from_json(model.to_json())
+    np.testing.assert_allclose(again.predict(X), expected)
 
 
 def test_support_is_a_probability_that_ranks_corruptions_below_the_sentence(local_judge):
