@@ -31,6 +31,36 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+class RssSampler:
+    """RSS every ``every`` seconds on a thread of this script, while a call runs: memory flat or not."""
+
+    def __init__(self, every: float = 2.0):
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append((time.perf_counter() - self._start, rss_mib()))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, points: int = 10) -> str:
+        if not self.samples:
+            return "no sample"
+        step = max(1, len(self.samples) // points)
+        return ", ".join(f"{t:.0f}s {r:.0f}" for t, r in self.samples[::step]) + " (MiB)"
+
+
 def log_traces(n: int) -> float:
     import mlflow
     from mlflow.entities import Document, SpanType
@@ -81,9 +111,11 @@ def main(argv=None) -> None:
     metrics = args.metrics.split(",")
     peaks = []
     start = time.perf_counter()
-    out = route.evaluate_traces("production", metrics=metrics, judge=judge, page_size=args.page_size,
-                                progress=False, client=client)
+    with RssSampler() as rss:
+        out = route.evaluate_traces("production", metrics=metrics, judge=judge, page_size=args.page_size,
+                                    progress=False, client=client)
     seconds = time.perf_counter() - start
+    print(f"RSS while scoring: {rss.summary()}")
     peaks.append(rss_mib())
     print(f"scored {len(out.scored)} traces in place ({len(metrics)} metrics, a Feedback each) in {seconds:.1f} s "
           f"({len(out.scored) / seconds:.1f} traces/s, read + judge + write + run); RSS {peaks[-1]:.0f} MiB")
