@@ -26,8 +26,10 @@ from mlflow_rag_eval.judges.base import Judge, JudgeFailure
 
 __all__ = ["PhraseMatch", "is_phrase", "is_yes_no", "match_phrases", "match_yes_no", "phrase_terms"]
 
-#: A reference of at most this many words, in one sentence, is a phrase.
-PHRASE_MAX_WORDS = 5
+#: A reference of at most this many words, in one sentence, is a phrase: "49 euros.", "Two
+#: years.", "Paris, France." — four words ("Bikes cost 5 euros.") already make a sentence with a
+#: verb, whose extra claims in the answer answer_correctness must still count.
+PHRASE_MAX_WORDS = 3
 #: Cosine at which a sentence states a phrase that has no number, when its terms are not all there.
 SIMILARITY_THRESHOLD = 0.6
 
@@ -58,9 +60,13 @@ class PhraseMatch:
 
 
 def is_phrase(reference: str) -> bool:
-    """A reference of one sentence and at most :data:`PHRASE_MAX_WORDS` words."""
+    """A reference of one sentence and at most :data:`PHRASE_MAX_WORDS` words that names
+    something: a yes/no, or terms without a negation ("I don't know." and "Not stated." are not
+    answers to find, and go the claims' way: no claims, not applicable)."""
     words = _WORDS.findall(reference or "")
-    return 0 < len(words) <= PHRASE_MAX_WORDS and len(split_sentences(reference)) <= 1
+    if not (0 < len(words) <= PHRASE_MAX_WORDS and len(split_sentences(reference)) <= 1):
+        return False
+    return is_yes_no(reference) or (bool(phrase_terms(reference)) and not _NEGATION.search(reference))
 
 
 def is_yes_no(phrase: str) -> bool:

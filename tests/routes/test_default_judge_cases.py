@@ -31,6 +31,19 @@ ROWS = [
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("default_judge")
+    # set_experiment exports MLFLOW_EXPERIMENT_ID: the later tests (and their subprocesses) get
+    # the environment and tracking URI back as they were
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_EXPERIMENT_ID", "")
+        env.delenv("MLFLOW_EXPERIMENT_ID")
+        previous = mlflow.get_tracking_uri()
+        try:
+            yield _evaluate(tmp)
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+
+def _evaluate(tmp):
     mlflow.set_tracking_uri(f"sqlite:///{tmp / 'mlflow.db'}")
     mlflow.set_experiment("default-judge")
     frame = pd.DataFrame({

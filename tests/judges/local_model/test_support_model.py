@@ -112,7 +112,7 @@ def test_a_trained_model_is_named_by_its_path(tmp_path, local_judge):
     assert f"judge name local:{out}" in result.output
     model = SupportModel.from_json(out.read_text())
     assert model.training["n_pairs"] == 0 and model.training["seed"] == 1
-    assert model.training["threshold_rule"] == "max balanced accuracy on the training claims"
+    assert model.training["threshold_rule"] == "max balanced accuracy on the synthetic claims"
     judge = get_judge(f"local:{out}")
     assert judge.info().name == f"local:{out}"
     assert judge.support_model == model
