@@ -44,6 +44,10 @@ _NUMBER_WORDS.update({"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60
                       "eighty": "80", "ninety": "90", "hundred": "100", "dozen": "12", "single": "1"})
 _NEGATION = re.compile(r"\b(?:not|no|never|none|neither|nor|without|cannot)\b|n't\b", re.I)
 _YES_NO = re.compile(r"^\s*(yes|no)\b[\s,.!]*", re.I)
+#: a first sentence that neither affirms nor denies ("I don't know.", "The documents do not say."):
+#: its negation is about the answer's knowledge, not a "no"
+_UNDECIDED = re.compile(r"\b(?:know|sure|certain|unclear|information|unable|(?:cannot|can't|not) (?:say|tell|answer|"
+                        r"find|determine|mention|state|specify))\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ def match_yes_no(phrase: str, text: str) -> PhraseMatch:
     sentences = split_sentences(text)
     first = sentences[0] if sentences else text
     opening = _YES_NO.match(first)
+    if not opening and (not first.strip() or _UNDECIDED.search(first)):
+        return PhraseMatch(False, "the answer says neither yes nor no", 0.0, first or None)
     said = opening.group(1).lower() if opening else ("no" if _NEGATION.search(first) else "yes")
     how = f"the answer {'opens with' if opening else 'reads as'} {said!r}"
     return PhraseMatch(said == wanted, how, 1.0 if said == wanted else 0.0, first)

@@ -208,3 +208,16 @@ def test_local_judge_tells_a_right_answer_from_a_wrong_one(local_judge):
     assert by["abstention"] == [None, None, 1.0]
     assert by["false_abstention"] == [0.0, 0.0, None]
     assert by["context_precision"][0] == 1.0  # the bike passage, ranked first, is useful
+
+
+@pytest.mark.parametrize("answer, stated", [
+    ("Yes, the price includes VAT.", True), ("The price includes VAT.", True),
+    ("No, it does not.", False), ("The price does not include VAT.", False),
+    ("I don't know.", False), ("The documents do not say.", False), ("", False),
+])
+def test_a_yes_reference_is_matched_by_the_answers_yes_not_by_an_abstention(answer, stated):
+    from mlflow_rag_eval.metrics.phrase_reference import match_yes_no
+
+    assert match_yes_no("Yes.", answer).stated is stated
+    # an answer that does not know says no "no" either
+    assert match_yes_no("No.", answer).stated is (answer in ("No, it does not.", "The price does not include VAT."))
