@@ -63,20 +63,10 @@ class RssSampler:
 
 def log_traces(n: int) -> float:
     import mlflow
-    from mlflow.entities import Document, SpanType
-    from pipeline import BM25, generate_answer, load_corpus, load_golden
+    from pipeline import load_golden, traced_app
 
-    index = BM25(load_corpus())
+    answer = traced_app()
     questions = list(load_golden()["question"])
-
-    @mlflow.trace(span_type=SpanType.RETRIEVER, name="retrieve")
-    def retrieve(query: str):
-        return [Document(page_content=p["text"], metadata={"doc_uri": p["id"]}) for p, _ in index.search(query, 3)]
-
-    @mlflow.trace(name="rag_app")
-    def answer(question: str):
-        contexts = [{"id": d.metadata["doc_uri"], "text": d.page_content} for d in retrieve(question)]
-        return {"answer": generate_answer(question, contexts, 0.34)}
 
     start = time.perf_counter()
     for i in range(n):

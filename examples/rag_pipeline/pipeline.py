@@ -149,6 +149,26 @@ class NorthwindRag(mlflow.pyfunc.PythonModel):
         return out
 
 
+def traced_app(index: BM25 | None = None, k: int = 3, min_overlap: float = 0.34):
+    """The pipeline as a RAG app instruments it with MLflow tracing: a ``rag_app`` root span
+    (question in, ``{"answer": ...}`` out) over a RETRIEVER span returning Documents with
+    ``doc_uri``. Returns the app's ``answer(question)``."""
+    from mlflow.entities import Document, SpanType
+
+    index = index or BM25(load_corpus())
+
+    @mlflow.trace(span_type=SpanType.RETRIEVER, name="retrieve")
+    def retrieve(query: str):
+        return [Document(page_content=p["text"], metadata={"doc_uri": p["id"]}) for p, _ in index.search(query, k)]
+
+    @mlflow.trace(name="rag_app")
+    def answer(question: str):
+        contexts = [{"id": d.metadata["doc_uri"], "text": d.page_content} for d in retrieve(question)]
+        return {"answer": generate_answer(question, contexts, min_overlap)}
+
+    return answer
+
+
 def log_pipeline(k: int, min_overlap: float = 0.34, name: str = "rag_pipeline", generator: str = "extractive"):
     """Log the pipeline as a pyfunc model (in the active run, if any); returns its ModelInfo."""
     if generator not in GENERATORS:

@@ -20,8 +20,8 @@ from browser import chromium as chromium  # noqa: F401  (the fixture)
 from click.testing import CliRunner
 from conftest import ROOT
 from mlflow import MlflowClient
-from mlflow.entities import AssessmentSourceType, Document, SpanType
-from pipeline import BM25, generate_answer, load_corpus, load_golden
+from mlflow.entities import AssessmentSourceType
+from pipeline import load_golden, traced_app
 
 from mlflow_rag_eval.cli import main
 from mlflow_rag_eval.testing import FakeJudgeServer, mlflow_server
@@ -42,16 +42,7 @@ def app(server):
     """The example BM25 pipeline instrumented as an app does it, logging to the server."""
     mlflow.set_tracking_uri(server)
     experiment_id = MlflowClient(server).create_experiment(EXPERIMENT)
-    index = BM25(load_corpus())
-
-    @mlflow.trace(span_type=SpanType.RETRIEVER, name="retrieve")
-    def retrieve(query: str):
-        return [Document(page_content=p["text"], metadata={"doc_uri": p["id"]}) for p, _ in index.search(query, 3)]
-
-    @mlflow.trace(name="rag_app")
-    def answer(question: str):
-        contexts = [{"id": d.metadata["doc_uri"], "text": d.page_content} for d in retrieve(question)]
-        return {"answer": generate_answer(question, contexts, 0.34)}
+    answer = traced_app()
 
     def serve(n: int, offset: int) -> list[str]:
         questions = list(load_golden()["question"])
