@@ -45,6 +45,7 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.in
 
 _BLAS_LOCK = threading.Lock()
 _BLAS_STATE: dict = {"users": 0}
+_OPENBLAS_AFFIXES = [(p, x) for p in ("", "scipy_") for x in ("", "64_", "_64")]  # as its builds export them
 
 
 def _cores() -> int:
@@ -52,6 +53,54 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _openblas_calls(filepath: str) -> tuple | None:
+    """OpenBLAS's own ``openblas_get_num_threads`` / ``openblas_set_num_threads`` in that library."""
+    import ctypes
+
+    handle = ctypes.CDLL(filepath)  # the library numpy loaded: dlopen hands back the same one
+    for prefix, suffix in _OPENBLAS_AFFIXES:
+        get, put = (getattr(handle, f"{prefix}openblas_{f}_num_threads{suffix}", None) for f in ("get", "set"))
+        if get is not None and put is not None:
+            get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+            return get, put
+    return None
+
+
+def _limit_blas() -> list:
+    """numpy's BLAS libraries on one thread; returns what :func:`_restore_blas` needs to undo it.
+
+    OpenBLAS with its own threads is set through its C API directly. threadpoolctl (3.8+) lets
+    only the first thread that ever set OpenBLAS's limit set it again and makes the others' calls
+    silent no-ops: a limit taken from a worker thread (where the harness and our engine call the
+    judge) did nothing after one from the main thread, and the forward pass ran beside a
+    spinning BLAS thread at 1.8x the wall time. Other BLAS libraries keep threadpoolctl.
+    """
+    from threadpoolctl import ThreadpoolController
+
+    if "controller" not in _BLAS_STATE:
+        _BLAS_STATE["controller"] = ThreadpoolController().select(user_api="blas")
+    saved = []
+    for library in _BLAS_STATE["controller"].lib_controllers:
+        calls = None
+        if library.internal_api == "openblas" and getattr(library, "threading_layer", "") != "openmp":
+            calls = _openblas_calls(library.filepath)
+        if calls is not None:
+            get, put = calls
+            saved.append((put, get()))
+            put(1)
+        else:
+            saved.append((None, ThreadpoolController().select(filepath=library.filepath).limit(limits=1)))
+    return saved
+
+
+def _restore_blas(saved: list) -> None:
+    for put, before in saved:
+        if put is not None:
+            put(before)
+        else:
+            before.restore_original_limits()
 
 
 @contextlib.contextmanager
@@ -62,15 +111,12 @@ def one_blas_thread():
     spin between the many small matrix products of a forward pass and, on a busy machine, took
     the cores from the elementwise work (measured 3-6x slower than one thread). The limit is
     counted, so concurrent encodings (MLflow's scorer threads) restore the caller's setting
-    only when the last of them ends; it never outlives an ``encode`` call.
+    only when the last of them ends, from whichever thread that is; it never outlives an
+    ``encode`` call. See :func:`_limit_blas` for how it is set.
     """
     with _BLAS_LOCK:
         if _BLAS_STATE["users"] == 0:
-            from threadpoolctl import ThreadpoolController
-
-            if "controller" not in _BLAS_STATE:
-                _BLAS_STATE["controller"] = ThreadpoolController()
-            _BLAS_STATE["limiter"] = _BLAS_STATE["controller"].limit(limits=1, user_api="blas")
+            _BLAS_STATE["saved"] = _limit_blas()
         _BLAS_STATE["users"] += 1
     try:
         yield
@@ -78,7 +124,7 @@ def one_blas_thread():
         with _BLAS_LOCK:
             _BLAS_STATE["users"] -= 1
             if _BLAS_STATE["users"] == 0:
-                _BLAS_STATE.pop("limiter").restore_original_limits()
+                _restore_blas(_BLAS_STATE.pop("saved"))
 
 
 def _json(path: Path) -> dict | list | None:

@@ -221,3 +221,34 @@ def test_concurrent_encodings_leave_the_callers_blas_threads_as_they_were(encode
     for t in threads:
         t.join(120)
     assert not errors and blas_threads() == before
+
+
+def _blas_threads_seen_here() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def test_an_encoding_called_from_a_worker_thread_runs_its_blas_on_one_thread_there():
+    """MLflow's harness and our engine call the judge from worker threads. threadpoolctl lets only
+    the first thread that set OpenBLAS's limit set it again: after the main thread had encoded,
+    a worker's limit did nothing, and its forward pass ran beside a spinning BLAS thread, 1.8x
+    slower than the same encode on the main thread."""
+    from mlflow_rag_eval.judges.local_model.encoder import one_blas_thread
+
+    with one_blas_thread():  # the main thread limits first, as an encode at start-up does
+        pass
+    seen = {}
+
+    def in_a_worker():
+        seen["before"] = _blas_threads_seen_here()
+        with one_blas_thread():
+            seen["inside"] = _blas_threads_seen_here()
+        seen["after"] = _blas_threads_seen_here()
+
+    worker = threading.Thread(target=in_a_worker)
+    worker.start()
+    worker.join(60)
+    assert seen["inside"] == [1] * len(seen["inside"]) and seen["inside"]
+    assert seen["after"] == seen["before"]
+
