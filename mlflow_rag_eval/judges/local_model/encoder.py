@@ -40,6 +40,8 @@ _MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.m
 #: Padded tokens per forward step. Bigger steps make arrays of tens of MB per operation, out of
 #: the caches and page-faulted in again each time: 512 measured 1.3-1.5x faster than 2048, 2x than 4096.
 TOKENS_PER_STEP = 512
+#: float32 values in one working block of the elementwise passes (512 KB: inside a core's L2).
+_CACHE_FLOATS = 1 << 17
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
 
@@ -69,7 +71,8 @@ def _openblas_calls(filepath: str) -> tuple | None:
 
 
 def _limit_blas() -> list:
-    """numpy's BLAS libraries on one thread; returns what :func:`_restore_blas` needs to undo it.
+    """The BLAS libraries loaded at the first encode (numpy's among them, loaded with numpy) on one
+    thread; returns what :func:`_restore_blas` needs to undo it.
 
     OpenBLAS with its own threads is set through its C API directly. threadpoolctl (3.8+) lets
     only the first thread that ever set OpenBLAS's limit set it again and makes the others' calls
@@ -203,6 +206,24 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float)
     centred = x - mean
     var = np.mean(centred * centred, axis=-1, keepdims=True)
     return centred / np.sqrt(var + eps) * weight + bias
+
+
+def _add_norm(y: np.ndarray, y_bias: np.ndarray, residual: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+              eps: float) -> np.ndarray:
+    """layer_norm(y + y_bias + residual), computed in ``y``'s memory a few rows at a time."""
+    rows = max(1, _CACHE_FLOATS // y.shape[1])
+    for i in range(0, y.shape[0], rows):
+        block = y[i:i + rows]
+        block += y_bias
+        block += residual[i:i + rows]
+        block -= block.mean(axis=-1, keepdims=True)
+        scale = np.mean(block * block, axis=-1, keepdims=True)
+        scale += eps
+        np.sqrt(scale, out=scale)
+        block /= scale
+        block *= weight
+        block += bias
+    return y
 
 
 #: erf(z) = z * P(z^2) / Q(z^2) on [-4, 4] (Eigen's float32 rational fit; |error| < 5e-7): 2-3x
@@ -359,24 +380,38 @@ class BertEncoder:
         h, dh = self.heads, d // self.heads
         x = _layer_norm(self.words[tokens] + self.positions[:n] + self.type0, *self.ln0, self.eps).reshape(b * n, d)
         # A padded key gets -1e30: its weight after softmax is exactly 0, as with torch's mask.
-        key_bias = ((1.0 - mask) * np.float32(-1e30))[:, None, None, :]
+        key_bias = None if mask.all() else np.repeat(((1.0 - mask) * np.float32(-1e30))[:, None, :], h, axis=0)
         scale = np.float32(1 / math.sqrt(dh))
+        # Heads are attended to a few at a time, so that each group's scores stay in the core's
+        # cache through the softmax's passes (measured 1.2-1.5x faster than all heads at once).
+        group = max(1, _CACHE_FLOATS // (n * n))
         for layer in self.layers:
             # Contiguous per-head operands: numpy's stacked matmul on strided views skips BLAS (~100x slower).
             qkv = (x @ layer.qkv + layer.qkv_bias).reshape(b, n, 3, h, dh)
-            query = np.ascontiguousarray((qkv[:, :, 0] * scale).transpose(0, 2, 1, 3))
-            key_t = np.ascontiguousarray(qkv[:, :, 1].transpose(0, 2, 3, 1))
-            value = np.ascontiguousarray(qkv[:, :, 2].transpose(0, 2, 1, 3))
-            scores = query @ key_t
-            scores += key_bias
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            context = (scores @ value).transpose(0, 2, 1, 3).reshape(b * n, d)
-            x = _layer_norm(context @ layer.out + layer.out_bias + x, *layer.ln1, self.eps)
-            x = _layer_norm(self.act(x @ layer.up + layer.up_bias) @ layer.down + layer.down_bias + x,
-                            *layer.ln2, self.eps)
+            query = np.ascontiguousarray((qkv[:, :, 0] * scale).transpose(0, 2, 1, 3)).reshape(b * h, n, dh)
+            key_t = np.ascontiguousarray(qkv[:, :, 1].transpose(0, 2, 3, 1)).reshape(b * h, dh, n)
+            value = np.ascontiguousarray(qkv[:, :, 2].transpose(0, 2, 1, 3)).reshape(b * h, n, dh)
+            context = np.empty((b * h, n, dh), dtype=np.float32)
+            for i in range(0, b * h, group):
+                scores = query[i:i + group] @ key_t[i:i + group]
+                if key_bias is not None:
+                    scores += key_bias[i:i + group]
+                scores -= scores.max(axis=-1, keepdims=True)
+                np.exp(scores, out=scores)
+                # Normalised after the product: the division runs over n x dh values, not n x n.
+                np.divide(scores @ value[i:i + group], scores.sum(axis=-1, keepdims=True), out=context[i:i + group])
+            context = context.reshape(b, h, n, dh).transpose(0, 2, 1, 3).reshape(b * n, d)
+            x = _add_norm(context @ layer.out, layer.out_bias, x, *layer.ln1, self.eps)
+            x = _add_norm(self._feed_forward(layer, x), layer.down_bias, x, *layer.ln2, self.eps)
         return x.reshape(b, n, d)
+
+    def _feed_forward(self, layer: _Layer, x: np.ndarray) -> np.ndarray:
+        """down(act(up(x))), the activation over a few rows at a time (the cache, as above)."""
+        up = x @ layer.up + layer.up_bias
+        rows = max(1, _CACHE_FLOATS // up.shape[1])
+        for i in range(0, up.shape[0], rows):
+            up[i:i + rows] = self.act(up[i:i + rows])
+        return up @ layer.down
 
     def _pool(self, states: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """sentence-transformers' Pooling: the configured modes side by side, in its order."""
