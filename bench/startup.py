@@ -8,6 +8,13 @@ fresh processes, ``import mlflow_rag_eval`` and the first embedding of the defau
 transformers and sentence-transformers must not be among them).
 
     .venv/bin/python bench/startup.py [--runs 5] [--embedding]
+    .venv/bin/python bench/startup.py --evaluate [--against LABEL=PYTHON[:SOURCE] ...]
+
+``--evaluate`` times the whole ``mlflow-rag-eval evaluate --data`` process on 30 rows (the
+default suite, a fresh sqlite store each time) with this interpreter and with each
+``--against`` one (``SOURCE``: a checkout put first on its ``PYTHONPATH``, e.g. the code before
+a change), interleaved run by run, and prints each median beside the first's (target for the
+base install: <= 0.6x the development venv before the numpy encoder).
 
 The heavy modules listed must stay out of the import and of ``--help``: a process that only
 asks for help, or builds a judge from its name, must not pay seconds for torch or MLflow.
@@ -90,11 +97,60 @@ def _median_of(runs: int, argv: list[str]) -> tuple[float, list[dict]]:
     return statistics.median(walls), reports
 
 
+def _evaluate_rows(path: Path, n: int = 30) -> None:
+    """``n`` rows of bench/local_judge.py's frame (Northwind questions with answers) as JSON lines."""
+    sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "examples" / "rag_pipeline")]
+    from local_judge import bench_frame
+
+    bench_frame(n).to_json(path, orient="records", lines=True)
+
+
+def _time_evaluate(runs: int, against: list[str]) -> None:
+    import os
+    import tempfile
+
+    envs = [("this venv", sys.executable, None)]
+    for spec in against:
+        label, _, target = spec.partition("=")
+        python, _, source = target.partition(":")
+        envs.append((label, python, source or None))
+    walls: dict[str, list[float]] = {label: [] for label, _, _ in envs}
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.jsonl"
+        _evaluate_rows(rows)
+        for i in range(runs):
+            for label, python, source in envs:
+                store = Path(tmp) / f"store-{i}-{len(walls[label])}-{abs(hash(label))}"
+                store.mkdir()
+                env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
+                if source:
+                    env["PYTHONPATH"] = source
+                t = time.perf_counter()
+                proc = subprocess.run([python, "-c", "from mlflow_rag_eval.cli import main; main()", "evaluate",
+                                       "--data", str(rows), "--no-progress"], capture_output=True, text=True,
+                                      cwd=store, env=env, timeout=900)
+                walls[label].append(time.perf_counter() - t)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{label}: evaluate failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    first = statistics.median(walls["this venv"])
+    print(f"mlflow-rag-eval evaluate --data (30 rows, default suite), median of {runs}:")
+    for label, python, source in envs:
+        median = statistics.median(walls[label])
+        where = python + (f" with PYTHONPATH={source}" if source else "")
+        print(f"  {label:<30} {median:6.2f} s   this venv: {first / median:4.2f}x its time   ({where})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--embedding", action="store_true", help="also time the first embedding")
+    parser.add_argument("--evaluate", action="store_true", help="time a 30-row `evaluate --data` process instead")
+    parser.add_argument("--against", action="append", default=[], metavar="LABEL=PYTHON[:SOURCE]",
+                        help="with --evaluate: another interpreter (and checkout) to time the same command with")
     args = parser.parse_args()
+    if args.evaluate:
+        _time_evaluate(args.runs, args.against)
+        return
 
     bare, _ = _median_of(args.runs, [sys.executable, "-c", "pass"])
     print(f"python -c pass                 {bare:6.3f} s (process, median of {args.runs})")

