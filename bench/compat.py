@@ -143,6 +143,9 @@ def _route_genai(state: dict) -> None:
             for r in state["data"].itertuples()]
     result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS))
     _check_run(result.run_id)
+    held = mlflow.MlflowClient().get_run(result.run_id).data.metrics
+    # The returned object holds what the run holds (n_error, the CI bounds where defined).
+    assert set(result.metrics) == set(held), sorted(set(held) ^ set(result.metrics))
 
 
 def _route_extra_metrics(state: dict) -> None:

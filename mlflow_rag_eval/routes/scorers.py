@@ -14,11 +14,12 @@ It returns the same ``Feedback`` the ``rag`` evaluator puts on a row's trace
 justification as rationale, compact evidence in metadata, ``error`` when the judge could not
 decide, source LLM_JUDGE (the judge's name) or CODE. Aggregations match the ``rag``
 evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``,
-``/ci_low``, ``/ci_high``.
+``/n_error``, and ``/ci_low``, ``/ci_high`` where the metric has them, in the run and in the
+object ``mlflow.genai.evaluate`` returns alike.
 
 Inside ``mlflow.genai.evaluate`` the scorers also collect their rows, and when MLflow
 aggregates them (after every row is scored) the run gets what a ``rag`` evaluator run holds:
-``rag_eval.*`` params and tags, ``/n_error`` metrics, the table with each row's trace id, the
+``rag_eval.*`` params and tags, ``/n_error`` of metrics MLflow did not aggregate, the table with each row's trace id, the
 lineage, worst rows and report (:mod:`~mlflow_rag_eval.tracking.run_logging`), so
 ``compare`` and the gate accept the run. MLflow aggregates only metrics with at least one
 value: if every row of every rag metric failed, the run holds the per-row errors on its
@@ -65,25 +66,50 @@ _logger = logging.getLogger(__name__)
 __all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
 
 
-#: the statistics MLflow aggregates from the scorers' values; the CI bounds are written with the
-#: run's other rag_eval contents instead, since a CI that cannot be computed (one row, all rows
-#: equal) is left out, and MLflow would log a None
-_STATS = ("mean", "median", "p10", "worst10_mean", "n_scored")
+#: the statistics MLflow aggregates from the scorers' values (its list, per scorer)
+_STATS = ("mean", "median", "p10", "worst10_mean", "n_scored", "n_error")
+#: added to a scorer's aggregations for one evaluation, when the run's contents are written, if
+#: that metric has them: a CI that cannot be computed (one scored row, all rows equal) is left
+#: out of the run, and MLflow would log a None (failing the whole run's metrics)
+_CI_STATS = ("ci_low", "ci_high")
+#: the summaries of the runs written lately, run id -> metric key -> summary: what n_error and
+#: the CI bounds are read from (MLflow hands an aggregation the scored values only)
+_SUMMARIES: dict[str, dict[str, Any]] = {}
 
 
 def _aggregation(stat: str, metric_key: str, *, greater_is_better: bool):
     """One of the rag evaluator's statistics over the values MLflow collected, in the metric's
     direction (which rows are its worst). The first call in an evaluation (every row is scored
-    by then) writes the run's rag_eval contents."""
+    by then) writes the run's rag_eval contents; n_error and the CI bounds are the run's own."""
 
     def aggregate(values: list[float]) -> float | None:
         _flush_current_run()
+        if stat in ("n_error", *_CI_STATS):
+            written = _SUMMARIES.get(_current_run_id() or "", {}).get(metric_key)
+            if written is None:
+                raise LookupError(f"{metric_key}/{stat}: the run's rag_eval contents were not written (see above)")
+            return getattr(written, stat)
         summary = summarize([RowResult.scored(v) for v in values], greater_is_better=greater_is_better)
         return getattr(summary, stat)
 
     aggregate.__name__ = stat  # MLflow names each metric `<scorer>/<function name>`
     aggregate.__qualname__ = f"{metric_key}/{stat}"
+    aggregate.rag_eval_stat = stat
     return aggregate
+
+
+def _offer_ci(scorer: RagScorer, summary) -> None:
+    """The CI bounds among this scorer's aggregations for the evaluation being aggregated, if its
+    metric has them. MLflow reads a scorer's list before it computes the first aggregation
+    (which writes the run) and walks it after: the list is changed in place, behind the entry
+    being computed."""
+    aggregations = scorer.aggregations
+    if aggregations is None:
+        return
+    aggregations[:] = [a for a in aggregations if getattr(a, "rag_eval_stat", None) not in _CI_STATS]
+    if summary.ci_low is not None and summary.ci_high is not None:
+        aggregations.extend(_aggregation(s, scorer.name, greater_is_better=scorer._metric.greater_is_better)
+                            for s in _CI_STATS)
 
 
 def contexts_from_trace(trace) -> list[dict[str, Any]] | None:
@@ -227,6 +253,8 @@ class _RunRows:
     traceless: int = 0
     #: the fields the scorers slice by (keys of the rows' tags)
     slice_by: tuple[str, ...] = ()
+    #: metric name -> the scorer object MLflow's harness holds (whose aggregations it walks)
+    scorers: dict[str, RagScorer] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -264,6 +292,7 @@ def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None
         row["fields"] |= fields
         row["results"][result.name] = result.rows[0]
         run.metrics.setdefault(result.name, (scorer._position, result, judge))
+        run.scorers.setdefault(result.name, scorer)
         run.slice_by = tuple(dict.fromkeys((*run.slice_by, *scorer._slice_by)))
         if scorer._judge is not None:
             run.judges.setdefault(judge.fingerprint, scorer._judge)
@@ -319,9 +348,18 @@ def _write(run_id: str, run: _RunRows) -> None:
         timings=dict(run.seconds), judge_usage=judge.usage() if judge is not None else {},
         fields=frozenset(fields),
     )
-    # MLflow logs the statistics it aggregated itself; only the others are written here.
+    # MLflow logs the statistics it aggregates itself (the CI bounds where the metric has them,
+    # offered to it here); only the others are written here.
+    with _RUNS_LOCK:
+        while len(_SUMMARIES) >= _MAX_OPEN_RUNS:
+            _SUMMARIES.pop(next(iter(_SUMMARIES)))
+        _SUMMARIES[run_id] = {m.key: m.summary for m in metrics}
+    for m in metrics:
+        if m.name in run.scorers:
+            _offer_ci(run.scorers[m.name], m.summary)
     logged_by_mlflow = frozenset(
-        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 for stat in _STATS
+        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 and m.name in run.scorers
+        for stat in (*_STATS, *(_CI_STATS if m.summary.ci_low is not None else ()))
     )
     model_ids = {r["model_id"] for r in rows if r["model_id"]}
     tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}

@@ -37,9 +37,12 @@ def _extra_metrics(data, local_judge, **kwargs):
 
 def _scorers(rows, local_judge, predict_fn=None):
     """What the genai route's run holds: MLflow's aggregates plus the rag_eval contents the
-    scorers write (n_error, the CI bounds)."""
+    scorers write; the object ``mlflow.genai.evaluate`` returns holds the same keys and values
+    (n_error, and the CI bounds where the run has them)."""
     result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS, local_judge), predict_fn=predict_fn)
-    return mlflow.MlflowClient().get_run(result.run_id).data.metrics
+    held = mlflow.MlflowClient().get_run(result.run_id).data.metrics
+    _assert_same(held, result.metrics)
+    return held
 
 
 def _assert_same(reference: dict, other: dict, *, n_error: bool = True):
@@ -208,3 +211,4 @@ def test_every_route_logs_the_same_worst10_mean_in_each_metrics_direction(tracki
     assert plugin["pollution_at_3/p10"] == 0.0
     _assert_same(plugin, extra)
     _assert_same(plugin, scored)
+    _assert_same(plugin, result.metrics)  # the object genai.evaluate returns, as the run
