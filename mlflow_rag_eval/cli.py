@@ -646,7 +646,7 @@ def evaluate_command(data_path, traces_experiment, trace_filter, since, since_la
     _use_store(tracking_uri, experiment)
     with mlflow.start_run(run_name=run_name) as run:
         log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields,
-                       tags=budget.run_tags())
+                       tags=budget.run_tags(), progress=False if no_progress else None)
         log_dataset_input(run.info.run_id, str(Path(data_path).resolve()), result.dataset_digest)
     try:
         announce(result, max_error_rate=max_error_rate)

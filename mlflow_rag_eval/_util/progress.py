@@ -5,15 +5,42 @@ On when stderr is a terminal, unless asked otherwise: by the caller (``progress=
 environment variable ``MLFLOW_RAG_EVAL_PROGRESS`` (``0``/``false``/``off`` or ``1``/``true``/
 ``on``), in that order. The bar is cleared when the work ends, before any summary is printed,
 so the two never interleave.
+
+Within a batch, a judge tells the bar of the evaluation running in its context each time a row
+has its answer (:func:`row_done`, called by the LLM judge's row pool): an LLM batch that takes
+minutes moves row by row, not metric by metric.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
-__all__ = ["ENV_VAR", "Progress", "progress_wanted"]
+__all__ = ["ENV_VAR", "Progress", "progress_wanted", "row_done", "rows_reported_to"]
+
+_ROW_DONE: ContextVar[Callable[[], None] | None] = ContextVar("mlflow_rag_eval_row_done", default=None)
+
+
+def row_done() -> None:
+    """One row of the work at hand has its answer: the evaluation running in this context (if
+    any) moves its bar. Cheap, and nothing happens outside an evaluation that shows one."""
+    callback = _ROW_DONE.get()
+    if callback is not None:
+        callback()
+
+
+@contextlib.contextmanager
+def rows_reported_to(callback: Callable[[], None] | None) -> Iterator[None]:
+    """:func:`row_done` calls in this context (and in copies taken inside it) go to ``callback``."""
+    token = _ROW_DONE.set(callback)
+    try:
+        yield
+    finally:
+        _ROW_DONE.reset(token)
 
 ENV_VAR = "MLFLOW_RAG_EVAL_PROGRESS"
 _OFF, _ON = {"0", "false", "off", "no"}, {"1", "true", "on", "yes"}

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
-from mlflow_rag_eval._util.progress import Progress, progress_wanted
+from mlflow_rag_eval._util.progress import Progress, progress_wanted, rows_reported_to
 from mlflow_rag_eval.evaluation.budget import Budget, estimate_cost
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
@@ -185,11 +185,22 @@ class _Runner:
 
     def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
         start = time.perf_counter()
-        out = run_metric(metric, batch, self.suite.judge)
+        # The judge reports each row it answers (row_done): the bar moves with them, short of
+        # the batch's last row, which it counts when the metric returns (a metric that asks
+        # twice per row, e.g. questions then similarities, must not look done half-way).
+        shown = [0]
+
+        def one_row() -> None:
+            if shown[0] < len(batch) - 1:
+                shown[0] += 1
+                self.bar.advance(1)
+
+        with rows_reported_to(one_row if self.progress else None):
+            out = run_metric(metric, batch, self.suite.judge)
         with self._lock:
             self.timings[metric.display_name] += time.perf_counter() - start
             self.errors += sum(r.status == "error" for r in out)
-        self.bar.advance(len(batch), **self._activity())
+        self.bar.advance(len(batch) - shown[0], **self._activity())
         return out
 
 

@@ -173,7 +173,7 @@ class RagEvaluator(ModelEvaluator):
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         metrics = log_evaluation(
             result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
-            slice_by=options.slice_by, tags=budget.run_tags(),
+            slice_by=options.slice_by, tags=budget.run_tags(), progress=options.progress,
         )
         # After logging: a failed evaluation keeps its evidence on the run.
         announce(result, max_error_rate=options.max_error_rate)

@@ -57,6 +57,7 @@ from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
 from mlflow_rag_eval._util.mlflow_compat import evaluation_run_tags
+from mlflow_rag_eval._util.progress import progress_wanted
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 from mlflow_rag_eval.judges.base import JudgeInfo
@@ -248,6 +249,7 @@ def log_evaluation(
     log_traces: bool = True,
     pipeline_traces: list[str | None] | None = None,
     slice_by: Sequence[str] = (),
+    progress: bool | None = None,
 ) -> dict[str, float]:
     """Log the rows as traces with assessments, then the run's contents; return the metrics.
 
@@ -263,6 +265,8 @@ def log_evaluation(
         slice_by: fields of the records' metadata to slice the results by
             (:mod:`mlflow_rag_eval.evaluation.slices`); the slices are computed before anything is logged,
             so a field no row has is refused with the run left empty.
+        progress: a bar on stderr while the traces are written (None: the environment, else
+            whether stderr is a terminal; :mod:`mlflow_rag_eval._util.progress`).
     """
     client = client or MlflowClient()
     if slice_by:  # an unusable field is refused before a trace is logged, not after
@@ -277,7 +281,7 @@ def log_evaluation(
     trace_ids = None
     if log_traces:
         trace_ids = log_row_traces(result, run_id, client, experiment_id=run.info.experiment_id,
-                                   model_id=model_id, existing=pipeline_traces)
+                                   model_id=model_id, existing=pipeline_traces, progress=progress_wanted(progress))
     if model_id:
         # The evaluation run names the model it evaluated as its input, as mlflow.genai.evaluate
         # does: the Evaluation runs page shows it, and the model's page lists the run.

@@ -61,6 +61,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from mlflow_rag_eval._util.mlflow_compat import batch_get_traces, log_spans
+from mlflow_rag_eval._util.progress import Progress
 from mlflow_rag_eval.judges import JudgeInfo
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import MetricResult, RowResult, error_kind
@@ -327,12 +328,14 @@ def log_row_traces(
     experiment_id: str,
     model_id: str | None = None,
     existing: Sequence[str | None] | None = None,
+    progress: bool = False,
 ) -> list[str]:
     """Log one trace per row of ``result`` (an engine EvaluationResult) with its assessments.
 
     Args:
         existing: per row, the id of a trace the pipeline already produced for it (its
             assessments are added to that trace), or None for a trace written here.
+        progress: a bar on stderr, a step per trace written (cleared when done).
 
     Returns:
         The trace id of every row, in row order.
@@ -343,6 +346,23 @@ def log_row_traces(
     now_ns = time.time_ns()
     trace_ids: list[str] = [""] * n
     new_rows = [i for i in range(n) if not existing[i]]
+    bar = Progress(len(new_rows), shown=progress, description="rag eval traces", unit="trace")
+    try:
+        _write_row_traces(result, new_rows, trace_ids, tracing, bar, experiment_id=experiment_id, run_id=run_id,
+                          model_id=model_id, now_ns=now_ns)
+    finally:
+        bar.close()  # gone before the summary
+    pipeline_rows = [i for i in range(n) if existing[i]]
+    if pipeline_rows:
+        _assess_pipeline_traces(result, pipeline_rows, existing, tracing, run_id)
+        for i in pipeline_rows:
+            trace_ids[i] = existing[i]
+    _link(client, trace_ids, run_id)
+    return trace_ids
+
+
+def _write_row_traces(result, new_rows: list[int], trace_ids: list[str], tracing, bar: Progress, *,
+                      experiment_id: str, run_id: str, model_id: str | None, now_ns: int) -> None:
     # In chunks of rows, so memory stays bounded whatever the row count: build the chunk's
     # traces, write their infos (one call each, carrying the assessments), then their spans.
     for start in range(0, len(new_rows), ROWS_PER_CHUNK):
@@ -360,19 +380,13 @@ def log_row_traces(
         # would only contend for its lock.
         if _is_rest(tracing):
             with ThreadPoolExecutor(max_workers=8, thread_name_prefix="rag_eval_traces") as pool:
-                list(pool.map(tracing.start_trace, infos))
+                for _ in pool.map(tracing.start_trace, infos):
+                    bar.advance(1)
         else:
             for info in infos:
                 tracing.start_trace(info)
+                bar.advance(1)
         _log_spans(tracing, experiment_id, spans, infos)
-
-    pipeline_rows = [i for i in range(n) if existing[i]]
-    if pipeline_rows:
-        _assess_pipeline_traces(result, pipeline_rows, existing, tracing, run_id)
-        for i in pipeline_rows:
-            trace_ids[i] = existing[i]
-    _link(client, trace_ids, run_id)
-    return trace_ids
 
 
 def _log_spans(tracing, experiment_id: str, spans: list[Span], infos: list[TraceInfo]) -> None:

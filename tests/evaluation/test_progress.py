@@ -66,4 +66,27 @@ def test_the_cli_shows_the_bar_when_asked_and_never_inside_the_summary(flag, sho
     bar, _, summary = proc.stderr.partition("rag eval summary")
     assert summary, proc.stderr
     assert ("/30 [" in bar) is shown
+    assert ("rag eval traces" in bar) is shown  # the rows' traces being written, a bar of their own
     assert "\r" not in summary and "/30 [" not in summary  # the bar ended before the summary began
+
+
+def test_an_llm_batch_moves_the_bar_row_by_row(monkeypatch):
+    """Five rows are one batch: before, the bar jumped 0 -> 5 when the metric returned (an LLM
+    evaluation on a CPU server showed nothing for minutes). Now each answered row moves it."""
+    from mlflow_rag_eval.evaluation import engine
+    from mlflow_rag_eval.judges import get_judge
+    from mlflow_rag_eval.testing import FakeJudgeServer
+
+    steps = []
+
+    class Recorded(engine.Progress):
+        def advance(self, n, **postfix):
+            steps.append(n)
+
+    monkeypatch.setattr(engine, "Progress", Recorded)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with FakeJudgeServer(latency=0.05) as server:
+        judge = get_judge(f"openai:/gpt-4o-mini?base_url={server.base_url}&concurrency=1", cache=None)
+        evaluate_records(records_from_frame(ROWS.head(5)), ["context_relevance"], judge, progress=True)
+    assert sum(steps) == 5 and steps[:4] == [1, 1, 1, 1], steps

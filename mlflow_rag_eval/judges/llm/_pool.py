@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from mlflow_rag_eval._util.progress import row_done
 from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.llm.transport import MESSAGE_CHARS
 from mlflow_rag_eval.judges.llm.usage import Usage
@@ -37,9 +38,12 @@ class RowPool:
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``fn`` over items on the pool, results in order, each row contained."""
         contained = functools.partial(self._contained, fn)
-        if len(items) <= 1:
-            return [contained(item) for item in items]
-        return list(self._executor().map(contained, items))
+        results = []
+        # In the caller's thread, so that the evaluation's bar (found in its context) moves per row.
+        for result in (map(contained, items) if len(items) <= 1 else self._executor().map(contained, items)):
+            results.append(result)
+            row_done()
+        return results
 
     def _contained(self, fn: Callable[[Any], Any], item: Any) -> Any:
         try:
