@@ -255,3 +255,16 @@ def test_an_encoding_called_from_a_worker_thread_runs_its_blas_on_one_thread_the
     assert seen["inside"] == [1] * len(seen["inside"]) and seen["inside"]
     assert seen["after"] == seen["before"]
 
+
+
+def test_a_blas_without_openblas_calls_is_limited_through_threadpoolctl_and_restored(monkeypatch):
+    """MKL, BLIS or an OpenBLAS without the C calls: threadpoolctl sets them, and the count is
+    the caller's again after the encoding."""
+    from mlflow_rag_eval.judges.local_model import encoder as module
+
+    monkeypatch.setattr(module, "_openblas_calls", lambda filepath: None)
+    before = _blas_threads_seen_here()
+    with module.one_blas_thread():
+        inside = _blas_threads_seen_here()
+    assert inside == [1] * len(inside) and inside
+    assert _blas_threads_seen_here() == before
