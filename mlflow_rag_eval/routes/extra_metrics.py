@@ -81,8 +81,9 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
         frame = pd.DataFrame({k: list(v)[:n] for k, v in columns.items() if v is not None})
         present = {"answer", "contexts"} | {k for k in ("reference", "relevant_ids", "reference_contexts",
                                                         "answerable") if k in frame}
+        # A bar per metric (MLflow computes them one by one), on the rule of every route.
         result = evaluate_records(records_from_frame(frame), [resolved], judge_obj,
-                                  available_fields=present, progress=False)
+                                  available_fields=present, progress=None)
         (metric_result,) = result.metrics
         _log_judge_identity(result)
         if metric_result.summary.n_error:  # MLflow's default evaluator would show only the numbers

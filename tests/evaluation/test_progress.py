@@ -90,3 +90,22 @@ def test_an_llm_batch_moves_the_bar_row_by_row(monkeypatch):
         judge = get_judge(f"openai:/gpt-4o-mini?base_url={server.base_url}&concurrency=1", cache=None)
         evaluate_records(records_from_frame(ROWS.head(5)), ["context_relevance"], judge, progress=True)
     assert sum(steps) == 5 and steps[:4] == [1, 1, 1, 1], steps
+
+
+def test_the_extra_metrics_route_shows_the_bar_on_the_same_rule(monkeypatch, tracking_uri):
+    import mlflow
+
+    from mlflow_rag_eval.routes.extra_metrics import rag_metrics
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with mlflow.start_run():
+        mlflow.models.evaluate(data=ROWS, predictions="answer", model_type=None, extra_metrics=rag_metrics(["mrr"]))
+    assert "rag eval" in terminal.getvalue() and "/30 [" in terminal.getvalue()
+    monkeypatch.setenv(ENV_VAR, "0")
+    quiet = _Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    with mlflow.start_run():
+        mlflow.models.evaluate(data=ROWS, predictions="answer", model_type=None, extra_metrics=rag_metrics(["mrr"]))
+    assert "rag eval" not in quiet.getvalue()
