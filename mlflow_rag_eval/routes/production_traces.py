@@ -50,7 +50,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,20 +144,29 @@ def _last_message(messages: Any, roles: tuple[str, ...]) -> str | None:
     return None
 
 
+def _under_keys(value: Mapping, keys: Sequence[str], read: Callable[[Any], str | None]) -> str | None:
+    """The string under the first of ``keys`` that holds one, directly or in a mapping ``read``
+    finds it in (``{"input": {"question": ...}}``)."""
+    for key in keys:
+        held = value.get(key)
+        if isinstance(held, str):
+            return held
+        if isinstance(held, Mapping):
+            nested = read(held)
+            if nested is not None:
+                return nested
+    return None
+
+
 def _question(inputs: Any) -> str | None:
     """The question in a root span's inputs, in the shapes RAG apps log it."""
     if isinstance(inputs, str):
         return inputs
     if not isinstance(inputs, Mapping):
         return None
-    for key in _QUESTION_KEYS:
-        value = inputs.get(key)
-        if isinstance(value, str):
-            return value
-        if isinstance(value, Mapping):  # {"input": {"question": ...}}
-            nested = _question(value)
-            if nested is not None:
-                return nested
+    found = _under_keys(inputs, _QUESTION_KEYS, _question)
+    if found is not None:
+        return found
     if "messages" in inputs:
         return _last_message(inputs["messages"], ("user", "human"))
     strings = [v for v in inputs.values() if isinstance(v, str)]
@@ -170,14 +179,9 @@ def _answer(outputs: Any) -> str | None:
         return outputs
     if not isinstance(outputs, Mapping):
         return None
-    for key in _ANSWER_KEYS:
-        value = outputs.get(key)
-        if isinstance(value, str):
-            return value
-        if isinstance(value, Mapping):
-            nested = _answer(value)
-            if nested is not None:
-                return nested
+    found = _under_keys(outputs, _ANSWER_KEYS, _answer)
+    if found is not None:
+        return found
     choices = outputs.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
         first = choices[0]
