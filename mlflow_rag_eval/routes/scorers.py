@@ -98,18 +98,20 @@ def _aggregation(stat: str, metric_key: str, *, greater_is_better: bool):
     return aggregate
 
 
-def _offer_ci(scorer: RagScorer, summary) -> None:
+def _offer_ci(scorer: RagScorer, summary) -> bool:
     """The CI bounds among this scorer's aggregations for the evaluation being aggregated, if its
-    metric has them. MLflow reads a scorer's list before it computes the first aggregation
-    (which writes the run) and walks it after: the list is changed in place, behind the entry
-    being computed."""
+    metric has them (returns whether it has). MLflow reads a scorer's list before it computes
+    the first aggregation (which writes the run) and walks it after: the list is changed in
+    place, behind the entry being computed."""
     aggregations = scorer.aggregations
     if aggregations is None:
-        return
+        return False
     aggregations[:] = [a for a in aggregations if getattr(a, "rag_eval_stat", None) not in _CI_STATS]
-    if summary.ci_low is not None and summary.ci_high is not None:
-        aggregations.extend(_aggregation(s, scorer.name, greater_is_better=scorer._metric.greater_is_better)
-                            for s in _CI_STATS)
+    if summary.ci_low is None or summary.ci_high is None:
+        return False
+    aggregations.extend(_aggregation(s, scorer.name, greater_is_better=scorer._metric.greater_is_better)
+                        for s in _CI_STATS)
+    return True
 
 
 def contexts_from_trace(trace) -> list[dict[str, Any]] | None:
@@ -354,12 +356,10 @@ def _write(run_id: str, run: _RunRows) -> None:
         while len(_SUMMARIES) >= _MAX_OPEN_RUNS:
             _SUMMARIES.pop(next(iter(_SUMMARIES)))
         _SUMMARIES[run_id] = {m.key: m.summary for m in metrics}
-    for m in metrics:
-        if m.name in run.scorers:
-            _offer_ci(run.scorers[m.name], m.summary)
+    with_ci = {m.name for m in metrics if _offer_ci(run.scorers[m.name], m.summary)}
     logged_by_mlflow = frozenset(
-        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0 and m.name in run.scorers
-        for stat in (*_STATS, *(_CI_STATS if m.summary.ci_low is not None else ()))
+        f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0
+        for stat in (*_STATS, *(_CI_STATS if m.name in with_ci else ()))
     )
     model_ids = {r["model_id"] for r in rows if r["model_id"]}
     tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}
