@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ENGINE", "TOKENS_PER_STEP", "BertEncoder", "numpy_problem", "one_blas_thread", "read_safetensors"]
+__all__ = ["ENGINE", "TOKENS_PER_STEP", "BertEncoder", "numpy_problem", "one_blas_thread", "plan_steps",
+           "read_safetensors"]
 
 #: The name the judge's fingerprint records for this forward pass.
 ENGINE = "numpy"
@@ -128,6 +129,18 @@ def one_blas_thread():
             _BLAS_STATE["users"] -= 1
             if _BLAS_STATE["users"] == 0:
                 _restore_blas(_BLAS_STATE.pop("saved"))
+
+
+def plan_steps(lengths: list[int], batch_size: int, tokens_per_step: int) -> list[list[int]]:
+    """Indices of inputs grouped into forward steps, longest first: at most ``batch_size``
+    inputs and about ``tokens_per_step`` padded tokens a step (inputs of similar length together)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    steps, start = [], 0
+    while start < len(order):
+        width = max(1, lengths[order[start]])
+        steps.append(order[start:start + max(1, min(batch_size, tokens_per_step // width))])
+        start += len(steps[-1])
+    return steps
 
 
 def _json(path: Path) -> dict | list | None:
@@ -331,7 +344,9 @@ class BertEncoder:
         self.words = w[f"{prefix}embeddings.word_embeddings.weight"]
         self.positions = w[f"{prefix}embeddings.position_embeddings.weight"]
         types = w.get(f"{prefix}embeddings.token_type_embeddings.weight")
-        self.type0 = types[0] if types is not None else np.zeros(self.words.shape[1], np.float32)
+        #: segment embeddings (row 0: a single text; row 1: a pair's second text, for the cross-encoder)
+        self.types = types if types is not None else np.zeros((2, self.words.shape[1]), np.float32)
+        self.type0 = self.types[0]
         self.ln0 = w[f"{prefix}embeddings.LayerNorm.weight"], w[f"{prefix}embeddings.LayerNorm.bias"]
         self.layers = [_Layer(w, f"{prefix}encoder.layer.{i}.") for i in range(n_layers)]
 
@@ -346,12 +361,7 @@ class BertEncoder:
         :data:`TOKENS_PER_STEP` padded tokens, one step per core at a time (see :func:`one_blas_thread`).
         """
         ids = self.tokenize(list(texts))
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        steps, start = [], 0
-        while start < len(order):
-            width = len(ids[order[start]])
-            steps.append(order[start:start + max(1, min(batch_size, TOKENS_PER_STEP // width))])
-            start += len(steps[-1])
+        steps = plan_steps([len(i) for i in ids], batch_size, TOKENS_PER_STEP)
 
         def embed(chunk: list[int]) -> np.ndarray:
             tokens = np.full((len(chunk), len(ids[chunk[0]])), self.pad_id, dtype=np.int64)
@@ -373,12 +383,22 @@ class BertEncoder:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, np.float32(1e-12))
 
-    def _forward(self, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """The encoder's last hidden states, (batch, width, hidden)."""
+    def _forward(self, tokens: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None,
+                 layers: list | None = None, states: np.ndarray | None = None) -> np.ndarray:
+        """The hidden states after ``layers`` (default: all of the model's), (batch, width, hidden).
+
+        ``types`` are segment ids (a text pair, for the cross-encoder); ``states`` replaces the
+        embedding layer's output with given hidden states, so a stack of layers can continue
+        where another stopped (the cross-encoder's fine-tuned top over the shared bottom).
+        """
         b, n = tokens.shape
         d = self.words.shape[1]
         h, dh = self.heads, d // self.heads
-        x = _layer_norm(self.words[tokens] + self.positions[:n] + self.type0, *self.ln0, self.eps).reshape(b * n, d)
+        if states is not None:
+            x = np.ascontiguousarray(states, dtype=np.float32).reshape(b * n, d)
+        else:
+            segment = self.type0 if types is None else self.types[types]
+            x = _layer_norm(self.words[tokens] + self.positions[:n] + segment, *self.ln0, self.eps).reshape(b * n, d)
         # A padded key gets -1e30: its weight after softmax is exactly 0, as with torch's mask.
         key_bias = None if mask.all() else np.repeat(((1.0 - mask) * np.float32(-1e30))[:, None, :], h, axis=0)
         scale = np.float32(1 / math.sqrt(dh))
@@ -386,7 +406,7 @@ class BertEncoder:
         # cache through the softmax's passes (as the GELU and add+norm blocks below: together,
         # 256-token texts 0.73x -> 0.8x sentence-transformers' speed; one GELU 6.8 -> 4.5 ms).
         group = max(1, _CACHE_FLOATS // (n * n))
-        for layer in self.layers:
+        for layer in self.layers if layers is None else layers:
             # Contiguous per-head operands: numpy's stacked matmul on strided views skips BLAS (~100x slower).
             qkv = (x @ layer.qkv + layer.qkv_bias).reshape(b, n, 3, h, dh)
             query = np.ascontiguousarray((qkv[:, :, 0] * scale).transpose(0, 2, 1, 3)).reshape(b * h, n, dh)
