@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install install-dev bench compat support-model clean
+.PHONY: demo test install install-dev bench compat entailment-pairs cross-encoder support-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,18 @@ demo: install
 test: install-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The cross-encoder's training pairs (training_data/entailment_pairs.jsonl.gz, committed) and the
+# word relation table of the synthetic swaps, from ../shared/data/nli and the example corpus.
+entailment-pairs: install
+	$(PY) training_data/entailment_pairs.py
+
+# The local judge's shipped cross-encoder (top layers of MiniLM fine-tuned on the committed pairs;
+# torch, from the dev extras), rebuilt from what the repository holds: about 40 min on 2 cores
+# (tests/judges/local_model/test_cross_encoder.py runs the recipe on a slice and checks the inputs).
+cross-encoder: install-dev
+	$(VENV)/bin/mlflow-rag-eval train-cross-encoder --pairs training_data/entailment_pairs.jsonl.gz \
+		--max-per-source 7000 --epochs 1 --seed 0 --out mlflow_rag_eval/judges/local_model/cross_encoder.safetensors
 
 # The local judge's shipped support model, rebuilt from what the repository holds
 # (tests/test_support_model.py retrains it the same way and compares).

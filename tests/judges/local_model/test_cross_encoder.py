@@ -1,0 +1,137 @@
+"""The local judge's cross-encoder: the numpy forward pass, windows over long texts, the shipped
+artifact against the inputs it records, and the training recipe on a slice."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from mlflow_rag_eval.judges.local_model.cross_encoder import (
+    CrossEncoder,
+    _windows,
+    default_cross_encoder_path,
+    load_cross_encoder,
+)
+from mlflow_rag_eval.judges.local_model.cross_training import (
+    load_entailment_pairs,
+    pairs_digest,
+    per_source,
+    write_safetensors,
+)
+from mlflow_rag_eval.judges.local_model.embedding import load_model, model_files_sha256, resolve_model_path
+from mlflow_rag_eval.judges.local_model.encoder import read_safetensors
+
+PAIRS = ROOT / "training_data" / "entailment_pairs.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    """A cross-encoder whose top layers are the base model's own (nothing fine-tuned) and whose
+    head is random: its logits must be the full model's [CLS] state through that head."""
+    base_path = resolve_model_path("minilm-l6")
+    weights = read_safetensors(f"{base_path}/model.safetensors")
+    rng = np.random.default_rng(0)
+    tensors = {k: v.astype(np.float16) for k, v in weights.items() if k.startswith(("encoder.layer.4.", "encoder.layer.5."))}
+    tensors |= {"head.dense.weight": rng.normal(0, 0.05, (384, 384)).astype(np.float16),
+                "head.dense.bias": np.zeros(384, np.float16),
+                "head.out.weight": rng.normal(0, 0.05, (1, 384)).astype(np.float16),
+                "head.out.bias": np.zeros(1, np.float16)}
+    path = tmp_path_factory.mktemp("ce") / "untrained.safetensors"
+    write_safetensors(path, tensors)
+    path.with_suffix(".json").write_text(json.dumps({"frozen_layers": 4, "max_claim_tokens": 8,
+                                                     "max_premise_tokens": 16}))
+    return CrossEncoder(path), {k: v.astype(np.float32) for k, v in read_safetensors(path).items()}
+
+
+def test_the_forward_pass_is_the_whole_model_on_the_pair(untrained):
+    ce, w = untrained
+    base = load_model(resolve_model_path("minilm-l6"))
+    claim, premise = "Revenue fell.", "Revenue rose 12% in the third quarter."
+    (ids, types), = ce.inputs([(claim, premise)])[0][0]
+    assert ids[0] == ce.cls and ids.count(ce.sep) == 2 and types[-1] == 1 and types[0] == 0
+    # the base model's layers 4 and 5 at float16 precision, as the artifact holds them
+    states = base._forward(np.array([ids]), np.ones((1, len(ids)), np.float32), types=np.array([types]),
+                           layers=base.layers[:4])
+    states = base._forward(np.array([ids]), np.ones((1, len(ids)), np.float32), layers=ce.top, states=states)
+    pooled = np.tanh(states[0, 0] @ w["head.dense.weight"].T + w["head.dense.bias"])
+    expected = pooled @ w["head.out.weight"][0] + w["head.out.bias"][0]
+    assert ce.logits([(ids, types)])[0] == pytest.approx(expected, abs=1e-5)
+    # batched with a longer pair (padding), the same logit
+    long = ce.inputs([("A much longer claim about revenue in the quarter.", premise * 2)])[0][0][0]
+    assert ce.logits([long, (ids, types)])[1] == pytest.approx(expected, abs=1e-5)
+
+
+def test_long_texts_are_read_as_windows_not_cut(untrained):
+    ce, _ = untrained
+    assert _windows(list(range(10)), 4) == [[0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7], [6, 7, 8, 9]]
+    assert _windows(list(range(3)), 4) == [[0, 1, 2]]
+    premise = " ".join(f"Sentence {k} is about item {k}." for k in range(12))
+    windows = ce.inputs([("Item three.", premise)])[0]
+    assert len(windows) == 1 and len(windows[0]) > 2  # every part of the premise is read
+    p = ce.entailment([("Item three.", premise)])[0]
+    flat = ce.logits(windows[0])
+    assert p == pytest.approx(1 / (1 + np.exp(-flat.max())))  # the best premise window
+    claim = " ".join(["word"] * 20)
+    claim_windows = ce.inputs([(claim, "Short premise.")])[0]
+    assert len(claim_windows) > 1  # a long claim: every part judged, the worst counts
+    logits = [ce.logits(row)[0] for row in claim_windows]
+    assert ce.entailment([(claim, "Short premise.")])[0] == pytest.approx(1 / (1 + np.exp(-min(logits))))
+
+
+def test_the_shipped_artifact_records_the_inputs_it_was_made_from():
+    """What `make cross-encoder` rebuilds from: the committed pairs (as the Makefile selects
+    them) and the shipped MiniLM."""
+    path = default_cross_encoder_path()
+    meta = json.loads(path.with_suffix(".json").read_text())
+    selection = meta["training"]["selection"]
+    assert selection["files"] == [PAIRS.name] and selection["limit"] is None
+    pairs = per_source(load_entailment_pairs(PAIRS), selection["max_per_source"])
+    assert meta["training"]["pairs_digest"] == pairs_digest(pairs)
+    assert meta["training"]["n_pairs"] == len(pairs)
+    assert meta["base_model_sha256"] == model_files_sha256(resolve_model_path("minilm-l6"))
+    assert path.stat().st_size <= 25e6 and meta["dtype"] == "float16"
+    weights = read_safetensors(path)
+    assert {k for k in weights if not k.startswith("head.")} == {
+        k for k in read_safetensors(f"{resolve_model_path('minilm-l6')}/model.safetensors")
+        if any(k.startswith(f"encoder.layer.{i}.") for i in range(meta["frozen_layers"], 6))}
+
+
+def test_the_recipe_on_a_slice_is_deterministic_and_learns(tmp_path):
+    """The shipped recipe on 96 of the committed pairs, twice: the same bytes; and its logits
+    move towards the labels it was trained on."""
+    from mlflow_rag_eval.judges.local_model.cross_training import train_cross_encoder
+
+    pairs = load_entailment_pairs(PAIRS)[::500][:96]
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"ce{k}.safetensors"
+        meta = train_cross_encoder(pairs, out, epochs=2, seed=3, log=lambda _: None)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert meta["training"]["pairs_digest"] == pairs_digest(pairs) and meta["training"]["seed"] == 3
+    trained = CrossEncoder(tmp_path / "ce0.safetensors")
+    p = trained.entailment([(x.claim, x.premise) for x in pairs])
+    y = np.array([x.label for x in pairs])
+    assert p[y == 1].mean() > p[y == 0].mean()
+
+
+def test_the_shipped_cross_encoder_ranks_a_paraphrase_above_a_changed_word():
+    """The cross-encoder alone (the support model combines it with the lexical features and
+    sets the threshold): a paraphrase of the context is more entailed than the context with one
+    word changed — a place, a colour, an inserted "not", a country."""
+    ce = load_cross_encoder()
+    cases = [
+        ("The meeting is on Tuesday in Berlin.", "The meeting takes place in Berlin on Tuesday.",
+         "The meeting is on Tuesday in Paris."),
+        ("The walls of the kitchen are painted blue.", "The kitchen has blue walls.",
+         "The walls of the kitchen are painted green."),
+        ("Pets are allowed in the hotel rooms.", "The hotel allows pets in its rooms.",
+         "Pets are not allowed in the hotel rooms."),
+        ("The wine is imported from Italy.", "Italy is where the wine is imported from.",
+         "The wine is imported from Spain."),
+    ]
+    p = ce.entailment([(claim, context) for context, *claims in cases for claim in claims]).reshape(-1, 2)
+    assert (p[:, 0] > p[:, 1] + 0.1).all(), p
