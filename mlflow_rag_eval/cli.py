@@ -15,6 +15,7 @@ say "refused", 2 "your input").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
@@ -398,12 +399,25 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 @click.option("--answer-corruption-weight", type=float, default=0.05, show_default=True,
               help="Total weight of a source's corrupted sentences of answers labelled 1 (negatives) against its "
                    "labelled pairs (1); 0: none.")
+@click.option("--cross-encoder", "cross_encoder_path", default=None, type=click.Path(dir_okay=False),
+              help="The cross-encoder whose entailment the support model reads (default: the shipped one).")
+@click.option("--no-cross-encoder", is_flag=True,
+              help="Train without the cross-encoder's features (a faster, weaker judge).")
+@click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,
+              help="Also fine-tune a cross-encoder on one-word edits of your corpus and your labelled pairs, "
+                   "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
+                   "Written beside --out as OUT.cross_encoder.safetensors.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
-def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight, out) -> None:
+def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight,
+                      cross_encoder_path, no_cross_encoder, adapt_cross_encoder, out) -> None:
     """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
+
+    The support model reads the shipped cross-encoder's entailment by default; with
+    --train-cross-encoder a cross-encoder adapted to your corpus is trained first and used.
 
     Exit code 2: no corpus or labels, or no training example in them.
     """
+    from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
     from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
 
     if not corpora and not labels:
@@ -412,17 +426,84 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
     try:
         passages = [p for c in corpora for p in load_corpus(c)]
         pairs = [p for f in labels for p in load_pairs(f)]
+        cross_encoder = None
+        if adapt_cross_encoder:
+            cross_encoder_path = str(_adapt_cross_encoder(passages, pairs, out, seed))
+        if not no_cross_encoder:
+            cross_encoder = load_cross_encoder(cross_encoder_path)
         model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
                                     synthetic_weight=synthetic_weight,
-                                    answer_corruption_weight=answer_corruption_weight)
-    except (ValueError, UnicodeDecodeError) as exc:
+                                    answer_corruption_weight=answer_corruption_weight, cross_encoder=cross_encoder)
+    except (ValueError, UnicodeDecodeError, FileNotFoundError) as exc:
         click.echo(f"cannot train: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
+    if adapt_cross_encoder:  # the judge finds it beside the model
+        model = dataclasses.replace(model, training={**model.training,
+                                                     "cross_encoder_file": Path(cross_encoder_path).name})
     Path(out).write_text(model.to_json())
     t = model.training
     click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
                f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; "
                f"threshold {model.threshold:.3f}; judge name local:{out}")
+
+
+def _adapt_cross_encoder(passages, pairs, out, seed) -> Path:
+    """The shipped cross-encoder fine-tuned further on one-word edits of the user's passages and
+    the user's labelled pairs (their answers' sentences against their best windows); the cost is
+    printed before the work starts."""
+    from mlflow_rag_eval.judges.local_model.cross_encoder import default_cross_encoder_path
+    from mlflow_rag_eval.judges.local_model.cross_training import estimate_seconds, train_cross_encoder, user_pairs
+
+    training = user_pairs(passages, pairs, seed=seed)
+    if not training:
+        raise ValueError("no sentence of five words or more in the corpus or the labelled pairs to adapt on")
+    click.echo(f"adapting the shipped cross-encoder on {len(training)} pairs from your data (1 epoch): about "
+               f"{estimate_seconds(len(training), 1) / 60:.1f} min on this machine's cores", err=True)
+    path = Path(out).with_suffix(".cross_encoder.safetensors")
+    train_cross_encoder(training, path, seed=seed, epochs=1, lr=2e-5, head_lr=2e-4,
+                        start_from=default_cross_encoder_path(), log=lambda line: click.echo(line, err=True))
+    return path
+
+
+@main.command("train-cross-encoder")
+@click.option("--pairs", "pair_files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Entailment pairs, JSONL (.gz) with claim, premise, label (0/1), source. Repeatable.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffles and the head's start.")
+@click.option("--epochs", type=int, default=2, show_default=True, help="Passes over the pairs.")
+@click.option("--frozen-layers", type=int, default=4, show_default=True,
+              help="Bottom layers of the embedding model kept as they are (their output computed once).")
+@click.option("--max-per-source", type=int, default=None,
+              help="At most N pairs of each source (the first in file order): the training time's lever.")
+@click.option("--limit", type=int, default=None, help="Train on the first N pairs only (a quick check).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the weights (.safetensors; the .json beside it records how).")
+def train_cross_encoder_command(pair_files, seed, epochs, frozen_layers, max_per_source, limit, out) -> None:
+    """Fine-tune the local judge's cross-encoder (the top layers of its embedding model and a
+    head) on entailment pairs; needs torch (the [train] extra). Name it in a judge with
+    ``local:minilm-l6?cross_encoder=OUT`` beside a support model trained on it.
+
+    Exit code 2: unreadable pairs, or torch missing.
+    """
+    from mlflow_rag_eval.judges.local_model.cross_training import (
+        estimate_seconds,
+        load_entailment_pairs,
+        per_source,
+        train_cross_encoder,
+    )
+
+    try:
+        pairs = per_source([p for f in pair_files for p in load_entailment_pairs(f)], max_per_source)[:limit]
+        click.echo(f"{len(pairs)} pairs, {epochs} epoch(s): about {estimate_seconds(len(pairs), epochs) / 60:.0f} min",
+                   err=True)
+        selection = {"files": [Path(f).name for f in pair_files], "max_per_source": max_per_source, "limit": limit}
+        train_cross_encoder(pairs, out, seed=seed, epochs=epochs, frozen_layers=frozen_layers, selection=selection,
+                            log=lambda line: click.echo(line, err=True))
+    except (ValueError, UnicodeDecodeError) as exc:
+        click.echo(f"cannot train: {_one_line(exc)}", err=True)
+        raise SystemExit(UNUSABLE) from None
+    except ModuleNotFoundError as exc:
+        click.echo(f"cannot train: {exc.name} is missing; pip install 'mlflow-rag-eval[train]'", err=True)
+        raise SystemExit(UNUSABLE) from None
 
 
 @main.command("testset")

@@ -124,8 +124,16 @@ class CrossEncoder:
                              max_premise=self.max_premise_tokens) for c, p in zip(claims, premises)]
 
     def logits(self, inputs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
-        """One logit per input (token ids, segment ids), batched by length over the cores."""
-        steps = plan_steps([len(ids) for ids, _ in inputs], 64, TOKENS_PER_STEP)
+        """One logit per input (token ids, segment ids), batched by length over the cores.
+
+        Each step holds inputs of one length: no padding, so an input's logit is the one it gets
+        alone, whatever else is judged with it (a row judged alone, as the genai route does, and
+        in a batch give the same bits)."""
+        by_width: dict[int, list[int]] = {}
+        for i, (ids, _) in enumerate(inputs):
+            by_width.setdefault(len(ids), []).append(i)
+        steps = [[rows[k] for k in step] for rows in by_width.values()
+                 for step in plan_steps([len(inputs[rows[0]][0])] * len(rows), 64, TOKENS_PER_STEP)]
 
         def run(chunk: list[int]) -> np.ndarray:
             width = max(len(inputs[i][0]) for i in chunk)

@@ -38,15 +38,20 @@ import numpy as np
 
 from mlflow_rag_eval._util.text import content_tokens, numbers, split_sentences
 
-__all__ = ["FEATURES", "Premise", "SupportModel", "claim_features", "default_model_path", "load_support_model"]
+__all__ = ["ENTAILMENT_FEATURES", "FEATURES", "Premise", "SupportModel", "claim_features", "default_model_path",
+           "load_support_model", "support_features"]
 
 FEATURES = (
     "cosine_best", "cosine_second", "cosine_pair", "coverage", "coverage_best", "bigram_coverage",
     "missing_words", "unmatched_words", "missing_numbers", "missing_dates", "missing_names",
     "negation_mismatch", "negation_added", "modality_added", "quantity_added", "length_ratio", "log_length",
     "coverage_unit", "coverage_top3", "prefix_coverage_unit", "numbers_off_unit", "names_off_unit",
-    "negation_mismatch_unit",
+    "negation_mismatch_unit", "entail_best", "entail_max",
 )
+#: Features that come from the cross-encoder (a model without them never runs it).
+ENTAILMENT_FEATURES = ("entail_best", "entail_max")
+#: The units (sentences and adjacent pairs) a claim is cross-encoded against: its best ones by cosine.
+ENTAILMENT_UNITS = 2
 
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot|den(?:y|ies|ied)|refus\w*|fail\w*)\b|n't\b", re.I
@@ -65,6 +70,10 @@ _DATE_WORD = re.compile(
 )
 _NAME = re.compile(r"\b[A-Z][a-zA-Z'\-]+")
 _WORD = re.compile(r"[a-z0-9'\-]+")
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(_WORD.findall(text.lower()))
 
 
 def _bigrams(tokens: list[str]) -> set[tuple[str, str]]:
@@ -102,6 +111,12 @@ class Premise:
               vectors: np.ndarray) -> Premise:
         return cls(units=units, n_sentences=n_sentences, vectors=vectors, **_lexical(tuple(passages)))
 
+    @functools.cached_property
+    def sentence_words(self) -> frozenset[tuple[str, ...]]:
+        """Each sentence's words (lower case, punctuation dropped): a claim with the same words
+        in the same order copies that sentence."""
+        return frozenset(_words(text) for text, _ in self.units[: self.n_sentences])
+
 
 @functools.lru_cache(maxsize=4096)
 def _lexical(passages: tuple[str, ...]) -> dict[str, Any]:
@@ -114,8 +129,42 @@ def _lexical(passages: tuple[str, ...]) -> dict[str, Any]:
             "words": frozenset(_WORD.findall(text.lower())), "text": text}
 
 
-def claim_features(claim: str, vector: np.ndarray, premise: Premise) -> tuple[np.ndarray, int]:
-    """The feature vector of ``claim`` (in :data:`FEATURES` order) and its best unit's index."""
+def ranked_units(vector: np.ndarray, premise: Premise, k: int = ENTAILMENT_UNITS) -> list[int]:
+    """The ``k`` units (sentences and adjacent pairs) closest to the claim's vector, best first."""
+    if not premise.units:
+        return []
+    sims = premise.vectors @ vector
+    return [int(i) for i in np.argsort(-sims, kind="stable")[:k]]
+
+
+def support_features(claims: Sequence[tuple[str, np.ndarray, Premise]], cross_encoder=None
+                     ) -> list[tuple[np.ndarray, int]]:
+    """:func:`claim_features` of many (claim, vector, premise) triples, the cross-encoder run once
+    over every claim's :data:`ENTAILMENT_UNITS` best units (distinct pairs only); without a
+    cross-encoder the entailment features are 0 (a model that uses them must be given one)."""
+    ranked = [ranked_units(v, p) for _, v, p in claims]
+    entail: list[tuple[float, float] | None] = [None] * len(claims)
+    if cross_encoder is not None:
+        # A claim that is one of the passages' sentences word for word is entailed: no model needed
+        # (answers that copy a retrieved sentence are common, and the cross-encoder is the cost).
+        copied = [_words(c) in p.sentence_words for c, _, p in claims]
+        pairs = list(dict.fromkeys((c, p.units[u][0]) for (c, _, p), units, same in zip(claims, ranked, copied)
+                                   if not same for u in units))
+        probs = dict(zip(pairs, cross_encoder.entailment(pairs))) if pairs else {}
+        for k, ((c, _, p), units) in enumerate(zip(claims, ranked)):
+            if units and copied[k]:
+                entail[k] = (1.0, 1.0)
+            elif units:
+                values = [probs[(c, p.units[u][0])] for u in units]
+                entail[k] = (values[0], max(values))
+    return [claim_features(c, v, p, entail[k]) for k, (c, v, p) in enumerate(claims)]
+
+
+def claim_features(claim: str, vector: np.ndarray, premise: Premise,
+                   entail: tuple[float, float] | None = None) -> tuple[np.ndarray, int]:
+    """The feature vector of ``claim`` (in :data:`FEATURES` order) and its best unit's index.
+    ``entail``: the cross-encoder's P(entailed) for the best unit by cosine and the highest over
+    the best units (:func:`support_features` computes it)."""
     sims = premise.vectors @ vector if len(premise.units) else np.zeros(0)
     singles = sims[: premise.n_sentences]
     if len(singles):
@@ -159,6 +208,7 @@ def claim_features(claim: str, vector: np.ndarray, premise: Premise) -> tuple[np
         len(tokens) / max(len(best_tokens), 1),
         math.log1p(len(tokens)),
         *_local_features(claim, tokens, claim_names, singles, premise, best_unit),
+        *(entail or (0.0, 0.0)),
     )
     return np.asarray(values, dtype=np.float64), best_unit
 
@@ -213,6 +263,11 @@ class SupportModel:
             )
         if not (len(self.mean) == len(self.scale) == len(self.coef) == len(self.features)):
             raise ValueError("support model: mean, scale and coef need one value per feature")
+
+    @property
+    def uses_entailment(self) -> bool:
+        """Whether the model reads the cross-encoder's features (then the judge runs it)."""
+        return any(f in ENTAILMENT_FEATURES for f in self.features)
 
     @functools.cached_property
     def _columns(self) -> np.ndarray:

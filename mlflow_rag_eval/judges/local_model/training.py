@@ -48,7 +48,13 @@ import numpy as np
 from mlflow_rag_eval._util.text import content_tokens, split_sentences, strip_citations
 from mlflow_rag_eval.judges.local_model.corruptions import answer_corruptions, synthetic_examples
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
-from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, SupportModel, claim_features
+from mlflow_rag_eval.judges.local_model.support_model import (
+    ENTAILMENT_FEATURES,
+    FEATURES,
+    Premise,
+    SupportModel,
+    support_features,
+)
 
 __all__ = ["Featurizer", "LabelledPair", "answer_claims", "load_corpus", "load_pairs", "source_of", "train_support_model"]
 
@@ -108,10 +114,12 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
 
 
 class Featurizer:
-    """Features of (claim, passages) pairs, premises embedded once per distinct passage list."""
+    """Features of (claim, passages) pairs, premises embedded once per distinct passage list;
+    the entailment features from ``cross_encoder`` (without one they are 0)."""
 
-    def __init__(self, embedder: Embedder):
+    def __init__(self, embedder: Embedder, cross_encoder=None):
         self.embedder = embedder
+        self.cross_encoder = cross_encoder
         self._premises: dict[tuple[str, ...], Premise] = {}
 
     def premise(self, passages: Sequence[str]) -> Premise:
@@ -127,8 +135,8 @@ class Featurizer:
         if not pairs:
             return np.zeros((0, len(FEATURES)))
         vectors = self.embedder.encode([claim for claim, _ in pairs])
-        return np.array([claim_features(claim, vectors[k], self.premise(passages))[0]
-                         for k, (claim, passages) in enumerate(pairs)])
+        triples = [(claim, vectors[k], self.premise(passages)) for k, (claim, passages) in enumerate(pairs)]
+        return np.array([x for x, _ in support_features(triples, self.cross_encoder)])
 
 
 def _fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, C: float):
@@ -267,11 +275,12 @@ def _least_supported_only(sources: Sequence[_Source], predict) -> list[np.ndarra
 def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (), *, seed: int = 0,
                         per_passage: int = 4, synthetic_weight: float = 0.05, C: float = 1e-4,
                         answer_corruption_weight: float = 0.05, missing_number_factor: float = 0.25,
-                        embedder: Embedder | None = None) -> SupportModel:
+                        embedder: Embedder | None = None, cross_encoder=None,
+                        features: Sequence[str] = FEATURES) -> SupportModel:
     """Train a support model on human-labelled ``pairs`` from several sources (a pair's source:
     :func:`source_of`), synthetic examples from each source's passages and from ``corpus``,
     and corrupted sentences of each source's faithful answers; see the module's docstring."""
-    featurize_ = Featurizer(embedder or Embedder())
+    featurize_ = Featurizer(embedder or Embedder(), cross_encoder)
     by_source: dict[str, list[LabelledPair]] = {}
     for p in pairs:
         by_source.setdefault(source_of(p), []).append(p)
@@ -283,11 +292,15 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         sources.append(_source("corpus", own, [], featurize_, seed=seed, per_passage=per_passage, corrupt=False))
     if not any(len(s.X_synthetic) or len(s.pairs) for s in sources):
         raise ValueError("no training examples: the corpus has no sentence of six words or more, and no labelled pairs")
+    if cross_encoder is None:  # nothing computes them
+        features = [f for f in features if f not in ENTAILMENT_FEATURES]
+    columns = [FEATURES.index(f) for f in features]
     keep = [np.ones(len(s.owner), dtype=bool) for s in sources]
     for round_ in range(2 if pairs else 1):
-        scaler, model = _fit(*_examples(sources, keep, synthetic_weight, answer_corruption_weight), C)
+        X, y, w = _examples(sources, keep, synthetic_weight, answer_corruption_weight)
+        scaler, model = _fit(X[:, columns], y, w, C)
         support = SupportModel(
-            features=FEATURES, mean=tuple(map(float, scaler.mean_)), scale=tuple(map(float, scaler.scale_)),
+            features=tuple(features), mean=tuple(map(float, scaler.mean_)), scale=tuple(map(float, scaler.scale_)),
             coef=tuple(map(float, model.coef_[0])), intercept=float(model.intercept_[0]), threshold=0.5,
             penalties={"missing_numbers": missing_number_factor} if missing_number_factor != 1 else {},
         )
@@ -299,9 +312,10 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
     else:
         threshold = _best_threshold(np.concatenate([support.predict(s.X_synthetic) for s in sources]),
                                     np.concatenate([s.y_synthetic for s in sources]))
+    settings = {"cross_encoder_sha256": cross_encoder.sha256[:16]} if cross_encoder is not None else {}
     return dataclasses.replace(support, threshold=round(threshold, 6), training=_lineage(
         sources, corpus, pairs, seed=seed, per_passage=per_passage, synthetic_weight=synthetic_weight, C=C,
-        answer_corruption_weight=answer_corruption_weight, missing_number_factor=missing_number_factor))
+        answer_corruption_weight=answer_corruption_weight, missing_number_factor=missing_number_factor, **settings))
 
 
 def _lineage(sources: Sequence[_Source], corpus: Sequence[str], pairs: Sequence[LabelledPair],

@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,15 +36,16 @@ from mlflow_rag_eval.judges.base import (
     Verdict,
     VerifyItem,
 )
+from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
-from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, claim_features, load_support_model
+from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, load_support_model, support_features
 from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
 
 __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v4"  # v4: abstention per answer, negative facts kept as claims
+RULES_VERSION = "local-rules-v5"  # v5: the cross-encoder's entailment in the support model; v4: abstention per answer
 
 #: A sentence about what the speaker or the sources cannot tell, not a fact about the world:
 #: "I don't know", "the documents do not say ...", "there is no information on ...", "this cannot
@@ -90,6 +92,8 @@ class LocalJudgeSettings:
     model: str = "minilm-l6"
     #: the support model's JSON file; empty: the one shipped with the package
     support_model: str = ""
+    #: the cross-encoder's weights (``.safetensors``, its JSON beside it); empty: the shipped one
+    cross_encoder: str = ""
     #: a claim is supported when its support probability reaches this; None: the model's own
     support_threshold: float | None = None
     #: a passage is relevant to a question when their cosine reaches this
@@ -128,8 +132,28 @@ class LocalJudge(Judge):
         self.settings = dataclasses.replace(settings, **overrides) if settings else LocalJudgeSettings(**overrides)
         self.embedder = Embedder(self.settings.model)
         self.support_model = load_support_model(self.settings.support_model or None)
+        self.cross_encoder = self._cross_encoder()
         self.calls = 0
         self._info: JudgeInfo | None = None
+
+    def _cross_encoder(self):
+        """The cross-encoder whose entailment the support model reads (None for a model that
+        reads none): the one named in the settings, else the one trained beside the model
+        (``train-local-judge --train-cross-encoder``), else the shipped one. It must be the one
+        the model was trained on: another one's probabilities mean something else."""
+        if not self.support_model.uses_entailment:
+            return None
+        path = self.settings.cross_encoder or None
+        beside = self.support_model.training.get("cross_encoder_file")
+        if path is None and beside and self.settings.support_model:
+            path = str(Path(self.settings.support_model).expanduser().resolve().parent / beside)
+        cross_encoder = load_cross_encoder(path, self.settings.model)
+        trained_on = self.support_model.training.get("cross_encoder_sha256")
+        if trained_on and cross_encoder.sha256[:16] != trained_on:
+            raise ValueError(
+                f"the support model was trained on the cross-encoder {trained_on}, not on {cross_encoder.path} "
+                f"({cross_encoder.sha256[:16]}); retrain it with train-local-judge or name its cross-encoder")
+        return cross_encoder
 
     # -- identity -------------------------------------------------------------------------
     def info(self) -> JudgeInfo:
@@ -138,11 +162,13 @@ class LocalJudge(Judge):
             params = asdict(self.settings)
             # The support model counts by content, not by where its file lies.
             params["support_model_sha256"] = self.support_model.sha256[:16]
+            if self.cross_encoder is not None:  # its weights and settings, by content
+                params["cross_encoder_sha256"] = self.cross_encoder.sha256[:16]
             # What computed the vectors (numpy, or sentence-transformers for other models).
             params["engine"] = self.embedder.engine
             blob = json.dumps(
                 {"kind": "local", "rules": RULES_VERSION, "files": files_sha, "engine": params["engine"],
-                 "params": {k: v for k, v in params.items() if k != "support_model"}},
+                 "params": {k: v for k, v in params.items() if k not in ("support_model", "cross_encoder")}},
                 sort_keys=True,
             )
             short = self.settings.support_model or self.settings.model.split("/")[-1]
@@ -225,19 +251,17 @@ class LocalJudge(Judge):
         self.calls += 1
         n_claims = sum(len(item.claims) for item in items)
         claim_vecs, unit_vecs = vectors[:n_claims], vectors[n_claims:]
-        features: list[np.ndarray] = []
-        located: list[tuple[Premise, int, np.ndarray]] = []  # per claim: premise, best unit, features
+        triples: list[tuple[str, np.ndarray, Premise]] = []  # per claim with a context
         ci = ui = 0
         for item, (units, n_sentences) in zip(items, units_per_item):
             premise = Premise.build(item.passages, units, n_sentences, unit_vecs[ui : ui + len(units)])
             ui += len(units)
-            for k in range(len(item.claims)):
-                if units:
-                    x, best = claim_features(item.claims[k], claim_vecs[ci + k], premise)
-                    features.append(x)
-                    located.append((premise, best, x))
+            if units:
+                triples += [(claim, claim_vecs[ci + k], premise) for k, claim in enumerate(item.claims)]
             ci += len(item.claims)
-        probs = iter(self.support_model.predict(np.array(features)) if features else ())
+        computed = support_features(triples, self.cross_encoder)
+        located = [(premise, best, x) for (_, _, premise), (x, best) in zip(triples, computed)]
+        probs = iter(self.support_model.predict(np.array([x for x, _ in computed])) if computed else ())
         where = iter(located)
         threshold = self.support_threshold
         out: list[Outcome[list[Verdict]]] = []
