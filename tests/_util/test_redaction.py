@@ -7,34 +7,11 @@ import html
 import json
 
 import pytest
+from echoing_server import secret_forms
 
 from mlflow_rag_eval._util.redaction import known_secrets, redact, redact_json_text, remember, scrub
 
 SECRET = "sk-live-REDACT-me-4q9Z/x+7"
-
-
-def secret_forms(secret: str) -> dict[str, str]:
-    """``secret`` in every form the issue lists, as a server might echo it."""
-    data = secret.encode()
-    return {
-        "plain": secret,
-        "lower": secret.lower(),
-        "upper": secret.upper(),
-        "reversed": secret[::-1],
-        "hex": data.hex(),
-        "HEX": data.hex().upper(),
-        "percent": "".join(f"%{b:02X}" for b in data),
-        "json \\u": "".join(f"\\u{ord(c):04x}" for c in secret),
-        "html decimal": "".join(f"&#{ord(c)};" for c in secret),
-        "html hex": "".join(f"&#x{ord(c):x};" for c in secret),
-        "base64": base64.b64encode(data).decode(),
-        "base64url": base64.urlsafe_b64encode(data).decode().rstrip("="),
-        "base64 of Bearer": base64.b64encode(b"Bearer " + data).decode(),
-        "base64 of user:password": base64.b64encode(b"gateway-user:" + data).decode(),
-        "base64url of Bearer": base64.urlsafe_b64encode(b"Bearer " + data).decode(),
-        "base64 inside JSON inside base64": base64.b64encode(json.dumps({"auth": f"Bearer {secret}"}).encode()).decode(),
-        "JSON-escaped twice": json.dumps(json.dumps(secret)),
-    }
 
 
 @pytest.mark.parametrize("form", sorted(secret_forms(SECRET)))
