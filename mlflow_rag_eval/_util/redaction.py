@@ -7,7 +7,7 @@ that leaves a judge, and every text a sink writes, goes through :func:`redact`.
 
 Which secrets: the values of the environment variables that hold credentials
 (:data:`SECRET_ENVS`, and any variable whose name ends like one, e.g. ``*_API_KEY``), the MLflow
-Basic-auth pair ``user:password``, and every value a backend :func:`remember`-s when it sends it
+Basic-auth pair ``user:password``, the userinfo of a tracking, gateway or proxy URL, and every value a backend :func:`remember`-s when it sends it
 (an ``api_key_env`` value, each header value, the userinfo of a URL, AWS credentials boto3
 resolved). Which forms: as written, reversed, in any letter case, as hex, as base64 or
 base64url (of the value alone or inside a longer encoded text, ``Bearer <value>`` or
@@ -26,7 +26,7 @@ import os
 import re
 import threading
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 __all__ = ["SECRET_ENVS", "known_secrets", "redact", "redact_json_text", "redact_strings", "remember", "scrub", "spellings"]
 
@@ -64,9 +64,31 @@ def known_secrets() -> tuple[str, ...]:
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     if user and password:
         found.add(f"{user}:{password}")
+    for name in _URL_ENVS:  # a tracking server or proxy given as http://user:password@host
+        found.update(_userinfo(os.environ.get(name)))
     with _LOCK:
         found |= _REMEMBERED
     return tuple(sorted(v for v in found if len(v) >= MIN_SECRET_CHARS))
+
+
+#: Variables holding URLs that may carry ``user:password@`` (sent as Basic or proxy auth).
+_URL_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_DEPLOYMENTS_TARGET", "OPENAI_BASE_URL",
+             "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@functools.lru_cache(maxsize=32)
+def _userinfo(url: str | None) -> tuple[str, ...]:
+    """The password and the ``user:password`` pair (percent-decoded, as sent) of ``url``."""
+    if not url or "@" not in url:
+        return ()
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return ()
+    if not password:
+        return (unquote(user),) if user else ()
+    return unquote(password), f"{unquote(user or '')}:{unquote(password)}"
 
 
 @functools.lru_cache(maxsize=8)

@@ -35,6 +35,16 @@ def test_the_environments_credentials_are_known_without_being_passed(monkeypatch
     assert out == "401: Authorization: Basic ***; key ***; aws ***"
 
 
+def test_the_userinfo_of_a_tracking_or_proxy_url_is_known(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://eva:s3cr%40t-tracking-pw@mlflow.example.com")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxyuser:proxy-SECRET-99@10.0.0.1:3128")
+    assert {"s3cr@t-tracking-pw", "eva:s3cr@t-tracking-pw", "proxy-SECRET-99",
+            "proxyuser:proxy-SECRET-99"} <= set(known_secrets())
+    basic = base64.b64encode(b"proxyuser:proxy-SECRET-99").decode()
+    assert redact(f"407 Proxy-Authorization: Basic {basic}; tracking s3cr@t-tracking-pw") == (
+        "407 Proxy-Authorization: Basic ***; tracking ***")
+
+
 def test_remembered_values_are_hidden_for_the_rest_of_the_process():
     remember("x-custom-header-secret-77", "short")
     assert "x-custom-header-secret-77" in known_secrets() and "short" not in known_secrets()
