@@ -142,42 +142,55 @@ def _char_pattern(char: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _patterns(secrets: tuple[str, ...]) -> tuple[list[str], re.Pattern | None]:
-    """(plain spellings, casefolded; the pattern of every spelling in every escaping)."""
+def _forms(secrets: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(spelling, its casefolded form) of every secret, longest first."""
     forms = sorted({f for s in secrets for f in spellings(s)}, key=lambda f: (-len(f), f))
-    if not forms:
-        return [], None
-    pattern = re.compile("|".join("".join(_char_pattern(c) for c in f) for f in forms), re.IGNORECASE)
-    return [f.casefold() for f in forms], pattern
+    return tuple((f, f.casefold()) for f in forms)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(forms: tuple[str, ...]) -> re.Pattern:
+    """The pattern of ``forms`` with each character in any escaping (:func:`_char_pattern`)."""
+    return re.compile("|".join("".join(_char_pattern(c) for c in f) for f in forms), re.IGNORECASE)
 
 
 def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
     """``text`` with every spelling (see :func:`spellings`) of every secret the process holds
-    (:func:`known_secrets`, plus ``secrets``) replaced by ``***``, nothing else changed."""
+    (:func:`known_secrets`, plus ``secrets``) replaced by ``***``, nothing else changed.
+
+    A few linear passes decide whether any spelling is there at all (the text with its escapes
+    undone, casefolded); only the spellings found are then matched in place, in every escaping.
+    """
     if not text:
         return text
     wanted = tuple(sorted({s for s in (*secrets, *known_secrets()) if s and len(s) >= MIN_SECRET_CHARS}))
-    folded_forms, pattern = _patterns(wanted)
-    if pattern is None:
+    forms = _forms(wanted)
+    if not forms:
         return text
     view = _decoded(text)
-    if not any(f in view for f in folded_forms):
-        return text  # the common case, found in a few linear passes
-    return pattern.sub("***", text)
+    found = tuple(f for f, folded in forms if folded in view)
+    if not found:
+        return text  # the common case
+    return _pattern(found).sub("***", text)
 
 
-_JSON_ESCAPE = re.compile(r"\\+u([0-9a-fA-F]{4})")
-_BACKSLASHED = re.compile(r"\\+([\"\\/])")
+_JSON_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+_PERCENT_RUN = re.compile(r"(?:%[0-9a-fA-F]{2})+")
 
 
 def _decoded(text: str) -> str:
-    """``text`` with every escaping :func:`_char_pattern` knows undone, casefolded: a cheap
-    test of whether the full pattern, slow on long texts, has anything to find."""
+    """``text`` with every escaping :func:`_char_pattern` knows undone, casefolded: whether
+    any spelling is there at all. String methods where they do (a ``\\+`` pattern scans a
+    10 MB table 5x slower than ``str.replace``)."""
     if "\\" in text:
-        text = _BACKSLASHED.sub(r"\1", _JSON_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text))
-    if "%" in text:
-        text = unquote(text)
-    if "&" in text:
+        while "\\\\" in text:  # JSON inside JSON: any depth of backslashes
+            text = text.replace("\\\\", "\\")
+        if "\\u" in text:
+            text = _JSON_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+        text = text.replace('\\"', '"').replace("\\/", "/")
+    if "%" in text:  # runs of %XX only: unquote() over a text of many "100%" is 10x slower
+        text = _PERCENT_RUN.sub(lambda m: unquote(m.group(0)), text)
+    if "&#" in text:
         text = html.unescape(text)
     return text.casefold()
 
