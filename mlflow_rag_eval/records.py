@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "dataset_digest",
     "dataset_item",
     "digest_of_sorted_items",
+    "is_blank",
     "parent_of",
 ]
 
@@ -185,15 +187,33 @@ def _as_id(value: Any, *, row: int, column: str) -> str:
     return str(value)
 
 
+#: Characters that show nothing yet are not whitespace to ``str.isspace``: Hangul and braille
+#: fillers (letters and symbols to Unicode, blank on screen).
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: only whitespace, control characters, format characters
+    (zero-width spaces and joiners, the BOM, bidi marks, soft hyphens) and blank fillers.
+    ``"\\u200b"`` is no question, and a passage of ``"\\ufeff"`` holds nothing to judge."""
+    return all(c.isspace() or c in _BLANK_LETTERS or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp")
+               for c in text)
+
+
 def _text(value: Any, *, row: int, column: str, allow_empty: bool = True) -> str:
+    """A text cell; text that shows nothing (:func:`is_blank`) is the empty text, so that no
+    route counts it as present."""
     if is_missing(value):
         raise RecordError("missing value (None/NaN)", row=row, column=column)
     if not isinstance(value, str):
         raise RecordError(
             f"must be a string, got {type(value).__name__}", row=row, column=column
         )
-    if not allow_empty and not value.strip():
-        raise RecordError("must not be empty", row=row, column=column)
+    if is_blank(value):
+        if not allow_empty:
+            raise RecordError("must not be empty (it holds only whitespace, control or zero-width characters)"
+                              if value else "must not be empty", row=row, column=column)
+        return ""
     return value
 
 
@@ -205,7 +225,7 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
     out: list[Context] = []
     for position, item in enumerate(items):
         if isinstance(item, str):
-            out.append(Context(text=item))
+            out.append(Context(text="" if is_blank(item) else item))
         elif isinstance(item, Mapping):
             text_key = next((k for k in _TEXT_KEYS if k in item), None)
             if text_key is None:
@@ -225,7 +245,7 @@ def _contexts(value: Any, ids: Any, *, row: int, mapping: ColumnMapping) -> tupl
             cid = _as_id(item[id_key], row=row, column=column) if id_key else None
             parent = item.get(_PARENT_KEY)
             parent = None if is_missing(parent) else _as_id(parent, row=row, column=column)
-            out.append(Context(text=text, id=cid, parent_id=parent))
+            out.append(Context(text="" if is_blank(text) else text, id=cid, parent_id=parent))
         else:
             raise RecordError(
                 f"context {position} must be a string or a dict, got {type(item).__name__}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["split_sentences", "content_tokens", "numbers", "strip_citations"]
+__all__ = ["split_sentences", "content_tokens", "numbers", "readable_prefix", "strip_citations"]
 
 # Split after . ! ? (optionally followed by a closing quote/bracket) when whitespace and an
 # upper-case letter, digit or quote follow, and on line breaks. Common abbreviations are
@@ -68,3 +68,15 @@ def shorten(text: str, limit: int = 300) -> str:
         return one_line
     cut = one_line[:limit].rsplit(" ", 1)[0] if " " in one_line[:limit] else one_line[:limit]
     return f"{cut} … ({len(one_line) - len(cut)} more characters)"
+
+
+def readable_prefix(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, at the last whitespace of its last quarter
+    when there is one, so that no word is cut (a cut word would tokenize differently)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    for i in range(limit - 1, limit - limit // 4 - 1, -1):
+        if cut[i].isspace():
+            return cut[:i]
+    return cut

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval._util.progress import Progress, progress_wanted, rows_reported_to
+from mlflow_rag_eval._util.redaction import redact
 from mlflow_rag_eval.evaluation.budget import Budget, estimate_cost
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
@@ -218,9 +219,9 @@ def run_metric(metric: Metric, records: Sequence[RagRecord], judge: Judge | None
     except JudgeUnreachable:
         raise
     except Exception as exc:
-        _logger.warning("metric %s failed on a batch: %r", metric.display_name, exc)
-        failure = RowResult.failed(f"MetricError: {type(exc).__name__}: {exc}",
-                                   traceback=traceback.format_exc(limit=20))
+        message = redact(f"MetricError: {type(exc).__name__}: {exc}")
+        _logger.warning("metric %s failed on a batch: %s", metric.display_name, message)
+        failure = RowResult.failed(message, traceback=redact(traceback.format_exc(limit=20)))
         out = [failure] * len(records)
     return out
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from mlflow_rag_eval._util.redaction import redact
+
 __all__ = [
     "Judge",
     "JudgeCapabilityError",
@@ -66,7 +68,7 @@ class JudgeFailure(Exception):
 
     def __init__(self, kind: str, message: str):
         self.kind = kind
-        self.message = message
+        self.message = message = redact(message)  # it becomes a row's error, a log line, a report line
         super().__init__(f"{kind}: {message}")
 
 

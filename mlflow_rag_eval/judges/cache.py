@@ -68,6 +68,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlflow_rag_eval._util.redaction import redact_strings
+
 __all__ = [
     "CACHE_DIR_ENV", "LOCKED_PROBE_S", "DisabledJudgeCache", "JudgeCache", "JudgeCacheLocked", "NotAJudgeCache",
     "UnusableCachePath", "default_cache_path",
@@ -245,7 +247,8 @@ def _check_value(value: Any) -> str:
             raise ValueError(f"refusing to cache a value with {flag}={value[flag]!r}: "
                              "failures and refusals must be retried, not replayed")
     _check_no_secrets(value, "value")
-    return json.dumps(value, ensure_ascii=False)
+    # A cached reply is replayed into every later run: no secret may be kept in one.
+    return json.dumps(redact_strings(value), ensure_ascii=False)
 
 
 class JudgeCache:

@@ -41,6 +41,7 @@ __all__ = [
     "as_bool",
     "as_float",
     "as_int",
+    "as_positive_float",
     "as_url",
     "build_judge",
     "judge_provider",
@@ -49,6 +50,7 @@ __all__ = [
     "register_judge_provider",
     "secret_query_parameters",
     "split_judge_name",
+    "url_refusal",
 ]
 
 ENTRY_POINT_GROUP = "mlflow_rag_eval.judges"
@@ -303,8 +305,16 @@ def split_judge_name(
         try:
             parsed[key] = options[key](value)
         except ValueError as exc:
-            raise ValueError(f"option {key} in judge name {base!r}: {exc}") from None
+            # Named by option and type, never echoing the value: a key pasted into the wrong
+            # option (concurrency=sk-...) must not reach the message.
+            expected = _EXPECTED.get(options[key], None) or _message_without(str(exc), value)
+            raise ValueError(f"option {key} in judge name {base!r}: {expected}") from None
     return target, parsed
+
+
+def _message_without(message: str, value: str) -> str:
+    """``message`` if it does not hold ``value``; else a message that names no value."""
+    return message if value not in message and repr(value) not in message else "invalid value"
 
 
 def as_bool(value: str) -> bool:
@@ -315,14 +325,34 @@ def as_bool(value: str) -> bool:
 
 
 def as_int(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
     if number < 1:
         raise ValueError("expected a positive integer")
     return number
 
 
 def as_float(value: str) -> float:
-    return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def as_positive_float(value: str) -> float:
+    number = as_float(value)
+    if not number > 0:
+        raise ValueError("expected a positive number")
+    return number
+
+
+#: What each converter expects, said in an error instead of the value given.
+_EXPECTED: dict[Callable[[str], Any], str] = {
+    as_bool: "expected true or false", as_int: "expected a positive integer", as_float: "expected a number",
+    as_positive_float: "expected a positive number", int: "expected an integer", float: "expected a number",
+}
 
 
 def secret_query_parameters(url: str) -> list[str]:
@@ -334,13 +364,34 @@ def secret_query_parameters(url: str) -> list[str]:
 
 
 def as_url(value: str) -> str:
-    """A URL without credentials: a judge name is logged, and a URL is written to the lineage and
-    the report, so neither ``user:password@`` nor a key in the query string ever enters one."""
-    parts = urlsplit(value)
-    if parts.scheme in ("http", "https") and (parts.username or parts.password):
-        raise ValueError("credentials in a URL are refused (names are logged); use the provider's environment")
+    """A URL without credentials or a query string: a judge name is logged, and a URL is
+    written to the lineage and the report, so neither ``user:password@`` nor anything in a query
+    string (``?sig=``, ``;api-key=``, a parameter under any name) ever enters one. Options a
+    server needs in its query have their own documented option (``azure_api_version``)."""
+    refused = url_refusal(value)
+    if refused:
+        raise ValueError(f"{refused} in a URL is refused (URLs are logged and stored in the lineage); "
+                         "use the provider's environment or its documented options")
+    return value
+
+
+def url_refusal(value: str) -> str | None:
+    """What in ``value`` would put a secret in a logged URL (userinfo, a query string, path
+    parameters, a fragment), named without any of it; None for a URL that may be logged."""
+    try:
+        parts = urlsplit(value)
+        has_userinfo = "@" in parts.netloc or bool(parts.username or parts.password)
+    except ValueError:
+        return "a malformed address"
+    if has_userinfo:
+        return "credentials (user:password@)"
     secret = secret_query_parameters(value)
     if secret:
-        raise ValueError(f"query parameter(s) {secret} in a URL would carry a secret and are refused (URLs are "
-                         "logged and stored in the lineage); use the provider's environment")
-    return value
+        return f"query parameter(s) {secret} that would carry a secret"
+    if parts.query or value.rstrip().endswith("?"):
+        return "a query string"
+    if ";" in parts.path:
+        return "path parameters (;...)"
+    if parts.fragment:
+        return "a fragment (#...)"
+    return None

@@ -58,6 +58,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
 from mlflow_rag_eval._util.mlflow_compat import evaluation_run_tags
 from mlflow_rag_eval._util.progress import progress_wanted
+from mlflow_rag_eval._util.redaction import redact, redact_json_text, redact_strings
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 from mlflow_rag_eval.judges.base import JudgeInfo
@@ -358,10 +359,10 @@ def log_run_level(
     client.log_batch(
         run_id,
         metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
-        params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-        tags=[RunTag(k, v) for k, v in tags.items()],
+        params=[Param(k, redact(str(v))[:6000]) for k, v in params.items()],
+        tags=[RunTag(k, redact(v)) for k, v in tags.items()],
     )
-    lineage_doc = lineage(figures)
+    lineage_doc = redact_strings(lineage(figures))
     client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
     return metrics, lineage_doc
 
@@ -393,12 +394,13 @@ def log_run_contents(
     result.calibration = figures.calibration
     # MLflow's table format, written here rather than by MlflowClient.log_table, whose JSON
     # keeps 10 significant digits: a row's score in the table must equal its assessment.
+    # Every text goes through the redactor on its way out, whatever produced it.
     table = result.table(trace_ids).to_json(orient="split", index=False, double_precision=15)
-    client.log_text(run_id, table, TABLE_FILE)
-    worst = worst_rows(result)
+    client.log_text(run_id, redact_json_text(table), TABLE_FILE)
+    worst = redact_strings(worst_rows(result))
     # log_dict indents, which turns off the C JSON encoder: 3x slower on 10k rows.
     client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)
     if slices:
-        client.log_text(run_id, slices.to_json(), SLICES_FILE)
-    client.log_text(run_id, render_report(result, lineage_doc, worst=worst, slices=slices), REPORT_FILE)
+        client.log_text(run_id, redact_json_text(slices.to_json()), SLICES_FILE)
+    client.log_text(run_id, redact(render_report(result, lineage_doc, worst=worst, slices=slices)), REPORT_FILE)
     return metrics

@@ -15,8 +15,10 @@ them and only for them (a slow server is ``Timeout``, an HTTP error status is no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
+
+from mlflow_rag_eval._util.redaction import redact
 
 __all__ = [
     "CONNECTION_ERROR",
@@ -26,6 +28,7 @@ __all__ = [
     "ChatRequest",
     "PermanentError",
     "TransientError",
+    "redacted",
 ]
 
 #: The kind of a TransientError for a request that never reached a server able to answer.
@@ -85,6 +88,18 @@ class ChatReply:
     refusal: str | None = None
 
 
+def redacted(reply: ChatReply) -> ChatReply:
+    """``reply`` with every secret the process holds hidden in its texts: whatever backend
+    answered (a caller's own included), nothing it echoes reaches a verdict, the cache or a log."""
+    return replace(
+        reply,
+        text=redact(reply.text),
+        refusal=redact(reply.refusal) if reply.refusal else reply.refusal,
+        model=redact(reply.model) if isinstance(reply.model, str) else reply.model,
+        system_fingerprint=redact(reply.system_fingerprint) if reply.system_fingerprint else reply.system_fingerprint,
+    )
+
+
 class TransientError(Exception):
     """A failure worth retrying (timeout, 429, 5xx, connection refused).
 
@@ -94,7 +109,7 @@ class TransientError(Exception):
 
     def __init__(self, kind: str, message: str, retry_after: float | None = None):
         self.kind = kind
-        self.message = message
+        self.message = message = redact(message)  # whoever raises it, no secret goes further
         self.retry_after = retry_after
         super().__init__(f"{kind}: {message}")
 
@@ -107,7 +122,7 @@ class PermanentError(Exception):
 
     def __init__(self, kind: str, message: str):
         self.kind = kind
-        self.message = message
+        self.message = message = redact(message)
         super().__init__(f"{kind}: {message}")
 
 

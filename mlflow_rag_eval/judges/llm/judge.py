@@ -67,6 +67,7 @@ from mlflow_rag_eval.judges.prompts import (
     passages_block,
     render,
 )
+from mlflow_rag_eval.judges.same_width import encode_batch_independent
 
 __all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]  # the last three re-exported
 
@@ -437,7 +438,7 @@ class LLMJudge(Judge):
             return []
         import numpy as np
 
-        vectors = self.embedder.encode([a for a, _ in pairs] + [b for _, b in pairs])
+        vectors = encode_batch_independent(self.embedder, [a for a, _ in pairs] + [b for _, b in pairs])
         n = len(pairs)
         # Rounded like the local judge's: batch composition must not move a score.
         return [round(float(max(c, 0.0)), 6) for c in np.einsum("ij,ij->i", vectors[:n], vectors[n:])]

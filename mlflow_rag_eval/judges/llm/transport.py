@@ -41,6 +41,7 @@ from mlflow_rag_eval.judges.llm.chat import (
     ChatRequest,
     PermanentError,
     TransientError,
+    redacted,
 )
 from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table, token_count
 
@@ -269,6 +270,7 @@ class Transport:
             finally:
                 self.usage.add(latency_s=time.monotonic() - started)
             self._note_answer()
+            reply = redacted(reply)
             self._account(reply)
             return reply
 

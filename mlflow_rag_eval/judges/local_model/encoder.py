@@ -29,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ENGINE", "TOKENS_PER_STEP", "BertEncoder", "numpy_problem", "one_blas_thread", "plan_steps",
-           "read_safetensors"]
+from mlflow_rag_eval._util.text import readable_prefix
+
+__all__ = ["CHARS_PER_TOKEN", "ENGINE", "TOKENS_PER_STEP", "BertEncoder", "numpy_problem", "one_blas_thread",
+           "plan_steps", "read_safetensors"]
 
 #: The name the judge's fingerprint records for this forward pass.
 ENGINE = "numpy"
@@ -43,6 +45,12 @@ _MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.m
 TOKENS_PER_STEP = 512
 #: float32 values in one working block of the elementwise passes (512 KB: inside a core's L2).
 _CACHE_FLOATS = 1 << 17
+#: Characters read per token the model can take: a WordPiece token of real text spans a few
+#: characters (English about 4, CJK 1), so 16 per token gives the tokenizer several times the
+#: tokens ``max_seq_length`` keeps. Only a text whose first ``16 x max_seq_length`` characters
+#: make fewer tokens than that (a single word thousands of characters long, a run of
+#: thousands of spaces) is read no further.
+CHARS_PER_TOKEN = 16
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
 
@@ -351,8 +359,16 @@ class BertEncoder:
         self.layers = [_Layer(w, f"{prefix}encoder.layer.{i}.") for i in range(n_layers)]
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids, special tokens included, truncated at ``max_seq_length`` as sentence-transformers does."""
-        return [self.tokenizer.encode(t.lower() if self.lower_case else t).ids for t in texts]
+        """Token ids, special tokens included, truncated at ``max_seq_length`` as sentence-transformers does.
+
+        Each text is first cut to what the model can read (:func:`readable_prefix`): the tokenizer
+        builds its whole encoding before truncating (1M CJK characters peaked at 913 MiB), and
+        the tokens past ``max_seq_length`` are thrown away. Memory and time are now flat in the
+        text's length, and the tokens kept are those of the whole text.
+        """
+        limit = CHARS_PER_TOKEN * self.max_seq_length
+        cut = (readable_prefix(t, limit) for t in texts)
+        return [self.tokenizer.encode(t.lower() if self.lower_case else t).ids for t in cut]
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Unit-norm embeddings of ``texts``, shape (len(texts), dim), float32.

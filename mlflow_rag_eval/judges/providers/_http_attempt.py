@@ -4,92 +4,27 @@ requests' ``timeout`` bounds each socket operation, not an attempt: a server tri
 reply a byte at a time never trips it. :class:`AttemptClock` is the budget of one attempt,
 enforced while the reply streams; :func:`transport_failure` names what went wrong when no
 complete answer came; :func:`scrub` and :func:`redact` keep the API key out of every text that
-an exception, a cache entry or a report could hold. Used by the OpenAI-compatible backend.
+an exception, a cache entry or a report could hold (both live in
+:mod:`mlflow_rag_eval._util.redaction`, the one redactor). Used by the OpenAI-compatible backend.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 import socket
 import threading
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from mlflow_rag_eval._util.redaction import redact, scrub
 from mlflow_rag_eval.judges.llm.chat import CONNECTION_ERROR, PermanentError, TransientError
 
 __all__ = ["MAX_REPLY_BYTES", "CrossOriginRedirect", "redact", "same_origin_session_class", "scrub"]
 
-#: How much of an error body goes into an exception message.
-_DETAIL_CHARS = 300
 #: A judge reply is a few kilobytes; a body past this is a broken server, not a verdict.
 MAX_REPLY_BYTES = 8 * 1024 * 1024
 _CHUNK_BYTES = 64 * 1024
-#: Secrets shorter than this are not redacted from replies: local servers take placeholder
-#: keys such as ``EMPTY`` or ``ollama``, and replacing those words would corrupt replies.
-_MIN_SECRET_CHARS = 8
-
-
-def _hex(digits: str) -> str:
-    """A pattern for hex ``digits`` in either case."""
-    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in digits)
-
-
-def _char_pattern(char: str) -> str:
-    """``char`` as written, or in any encoding a stored text may be decoded from: a JSON escape
-    (behind any number of backslashes: JSON text inside JSON, as a reply's content is), the
-    percent-encoding of its UTF-8 bytes, an HTML character reference."""
-    code = ord(char)
-    forms = [re.escape(char), "".join("%" + _hex(f"{b:02x}") for b in char.encode())]
-    if code < 0x10000:
-        forms.append(r"\\+u" + _hex(f"{code:04x}"))
-    if char in "\"\\/":
-        forms.append(r"\\+" + re.escape(char))
-    forms.append(f"&#(?:0*{code}|[xX]0*{_hex(f'{code:x}')});")
-    return "(?:" + "|".join(forms) + ")"
-
-
-def _hide(text: str, secret: str) -> str:
-    """``text`` with every spelling of ``secret`` (see :func:`_char_pattern`) replaced by ``***``.
-
-    Matching the encoded forms in place, rather than decoding the text first, changes nothing
-    else: a reply's JSON stays the JSON it was, with ``***`` where the key was.
-    """
-    if secret in text:
-        text = text.replace(secret, "***")
-    if not any(mark in text for mark in "\\%&"):
-        return text  # no encoded form can be there
-    return re.sub("".join(_char_pattern(c) for c in secret), "***", text)
-
-
-def scrub(text: str, secrets: tuple[str | None, ...] = ()) -> str:
-    """``text`` cut to a readable length, with every secret in it replaced by ``***``.
-
-    Servers echo request details in error bodies (OpenAI's 401 names the key it was given), so
-    any text that reaches an exception goes through here. A secret is found in whatever form it
-    comes: as written, JSON-escaped, URL-encoded (see :func:`redact`).
-    """
-    for secret in secrets:
-        if secret:
-            text = _hide(text, secret)
-    text = " ".join(text.split())
-    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
-
-
-def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
-    """``text`` with every secret of at least 8 characters replaced by ``***``, nothing else
-    changed (unlike :func:`scrub`, for reply text that is parsed afterwards).
-
-    A server that echoes the API key into a reply would otherwise put it in the cache, the
-    justifications, the report and the traces. The key is matched in every form the stored
-    text could be decoded from, not only as written: ``\\u0073\\u006b...`` inside a reply's
-    JSON is the key once the judge parses it, ``%73%6B...`` once anyone URL-decodes it.
-    """
-    for secret in secrets:
-        if secret and len(secret) >= _MIN_SECRET_CHARS:
-            text = _hide(text, secret)
-    return text
 
 
 # -- redirects stay within the origin -----------------------------------------------------------

@@ -6,7 +6,8 @@ exactly one attempt: the clients this backend creates have botocore's own retrie
 in by the caller is used as is, its retry settings included.
 
 Region and credentials come from the usual AWS configuration (environment, profile, instance
-role) through ``boto3.Session``; nothing secret is stored on the backend. boto3 is imported on
+role) through ``boto3.Session``; nothing secret is stored on the backend, and the secret key
+and session token boto3 resolved are hidden by the redactor in every reply and error. boto3 is imported on
 first use, never at package import.
 
 Generation parameters map as ``temperature``, ``max_tokens`` -> ``maxTokens``, ``top_p`` ->
@@ -25,6 +26,7 @@ import re
 import threading
 from typing import Any
 
+from mlflow_rag_eval._util.redaction import redact, remember, scrub
 from mlflow_rag_eval.judges.llm.chat import ChatReply, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.registry import as_bool, as_int, backend_options, register_judge_provider
 
@@ -138,6 +140,7 @@ class BedrockBackend:
                 )
                 client = self._boto_session().client("bedrock-runtime", config=config)
                 self._clients[timeout] = client
+                _remember_credentials(self._boto_session().get_credentials())
             return client
 
     def converse_kwargs(self, request: ChatRequest) -> dict[str, Any]:
@@ -182,8 +185,12 @@ class BedrockBackend:
 
     def complete(self, request: ChatRequest) -> ChatReply:
         kwargs = self.converse_kwargs(request)
+        client = self.client_for(request.timeout)
+        if client is self._client:  # the caller's client: its signer holds what it sends
+            signer = getattr(client, "_request_signer", None)
+            _remember_credentials(getattr(signer, "_credentials", None))
         try:
-            response = self.client_for(request.timeout).converse(**kwargs)
+            response = client.converse(**kwargs)
         except Exception as exc:  # botocore's exception classes are imported lazily, below
             mapped = self._map_error(exc, schema_sent="outputConfig" in kwargs)
             if mapped is None:
@@ -193,12 +200,13 @@ class BedrockBackend:
         text = "".join(block.get("text", "") for block in blocks)
         stop = response.get("stopReason")
         usage = response.get("usage") or {}
+        text = redact(text)
         return ChatReply(
             text=text,
             model=self.model,
             tokens_in=usage.get("inputTokens"),
             tokens_out=usage.get("outputTokens"),
-            refusal=(text or stop) if stop in _REFUSAL_STOPS else None,
+            refusal=redact(str(text or stop)) if stop in _REFUSAL_STOPS else None,
         )
 
     def _map_error(self, exc: Exception, *, schema_sent: bool) -> Exception | None:
@@ -208,7 +216,7 @@ class BedrockBackend:
         if isinstance(exc, bce.ClientError):
             error = exc.response.get("Error", {})
             code = error.get("Code", "")
-            message = f"{where}: {code}: {error.get('Message', '')}"
+            message = f"{where}: {scrub(str(code))}: {scrub(str(error.get('Message', '')))}"
             meta = exc.response.get("ResponseMetadata", {})
             status = meta.get("HTTPStatusCode") or 0
             if code in _TRANSIENT_CODES or status == 429 or status >= 500:
@@ -227,14 +235,25 @@ class BedrockBackend:
         if isinstance(exc, (bce.ReadTimeoutError, bce.ConnectTimeoutError)):
             return TransientError("Timeout", f"{where}: {type(exc).__name__}")
         if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectionError, bce.HTTPClientError)):
-            return TransientError("ConnectionError", f"{where}: {type(exc).__name__}: {exc}")
+            return TransientError("ConnectionError", f"{where}: {type(exc).__name__}: {scrub(str(exc))}")
         if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
             return PermanentError("AuthError", f"{where}: no AWS credentials found")
         if isinstance(exc, bce.NoRegionError):
             return PermanentError("BadRequest", f"{where}: no AWS region configured")
         if isinstance(exc, bce.BotoCoreError):  # ParamValidationError and the like
-            return PermanentError("BadRequest", f"{where}: {type(exc).__name__}: {exc}")
+            return PermanentError("BadRequest", f"{where}: {type(exc).__name__}: {scrub(str(exc))}")
         return None
+
+
+def _remember_credentials(credentials: Any) -> None:
+    """Add the secret key and session token boto3 resolved to what the redactor hides (they
+    may come from a profile or an instance role, not the environment)."""
+    try:
+        frozen = credentials.get_frozen_credentials() if credentials is not None else None
+    except Exception:  # a refresh that fails here fails again, and is reported, on the call
+        return
+    if frozen is not None:
+        remember(frozen.secret_key, frozen.token)
 
 
 @register_judge_provider("bedrock")

@@ -20,8 +20,9 @@ The gateway does not forward an upstream ``Retry-After`` header (seen with mlflo
 a rate limit behind a gateway usually arrives with ``retry_after=None``.
 
 Credentials this backend knows (the MLflow and Databricks tokens and secrets in
-:data:`_SECRET_ENVS`) are replaced by ``***`` in error messages and in every reply's text, so
-a server that echoes one cannot get it into the cache or a report. The request's timeout is
+:data:`_SECRET_ENVS`, and the ``user:password`` pair it sends as Basic auth) are replaced by
+``***``, in any common encoding, in error messages and in every reply's text, so a server that
+echoes one (a gateway 401 quoting ``Basic ...``) cannot get it into the cache or a report. The request's timeout is
 passed to the HTTP client as is: unlike the ``openai`` backend it bounds each socket read, not
 the whole attempt (MLflow's client owns the connection).
 """
@@ -31,9 +32,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mlflow_rag_eval._util.redaction import remember
 from mlflow_rag_eval.judges.llm.chat import CONNECTION_ERROR, ChatReply, ChatRequest, PermanentError, TransientError
 from mlflow_rag_eval.judges.providers.openai import error_for_status, parse_chat_completion, scrub
-from mlflow_rag_eval.judges.registry import as_bool, as_int, as_url, backend_options, register_judge_provider
+from mlflow_rag_eval.judges.registry import (
+    as_bool,
+    as_int,
+    as_url,
+    backend_options,
+    register_judge_provider,
+    url_refusal,
+)
 
 __all__ = ["MlflowEndpointsBackend", "parse_endpoints_target"]
 
@@ -81,6 +90,10 @@ class MlflowEndpointsBackend:
                 raise ValueError(
                     "no MLflow deployments target: pass target_uri= or set MLFLOW_DEPLOYMENTS_TARGET"
                 ) from exc
+        refused = url_refusal(target_uri) if "://" in target_uri else None
+        if refused:  # target_uri is shown, logged and stored like a base_url
+            raise ValueError(f"target_uri has {refused}; refused (it is logged and stored): MLflow credentials "
+                             "come from MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN")
         self.model = endpoint
         self.base_url = target_uri.rstrip("/")
         self.default_concurrency = default_concurrency
@@ -140,10 +153,14 @@ class MlflowEndpointsBackend:
         from mlflow.utils.uri import join_paths
 
         route = join_paths(MLFLOW_DEPLOYMENTS_ENDPOINTS_BASE, self.model, MLFLOW_DEPLOYMENTS_QUERY_SUFFIX)
+        creds = get_default_host_creds(client.target_uri)
+        # The gateway gets these as Basic auth (base64 of user:password) or a bearer token.
+        pair = f"{creds.username}:{creds.password}" if creds.username and creds.password else None
+        remember(creds.password, creds.token, pair)
         failure: Exception | None = None
         try:
             response = http_request(
-                host_creds=get_default_host_creds(client.target_uri),
+                host_creds=creds,
                 endpoint=route,
                 method="POST",
                 json=inputs,

@@ -40,6 +40,7 @@ from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
 from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, load_support_model, support_features
 from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
+from mlflow_rag_eval.judges.same_width import encode_batch_independent
 
 __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
@@ -205,7 +206,7 @@ class LocalJudge(Judge):
         parts = [self._statements(a) for a in answers]
         short = [k for k, (claims, _) in enumerate(parts)
                  if claims and len(content_tokens(" ".join(claims))) <= 12]
-        vectors = self.embedder.encode(list(_ABSTAIN_PROTOTYPES) + [answers[k] for k in short]) if short else None
+        vectors = encode_batch_independent(self.embedder, list(_ABSTAIN_PROTOTYPES) + [answers[k] for k in short]) if short else None
         if short:
             self.calls += 1
         n = len(_ABSTAIN_PROTOTYPES)
@@ -247,7 +248,7 @@ class LocalJudge(Judge):
         texts = [c for item in items for c in item.claims] + [
             u for units, _ in units_per_item for u, _ in units
         ]
-        vectors = self.embedder.encode(texts) if texts else np.zeros((0, 1), np.float32)
+        vectors = encode_batch_independent(self.embedder, texts) if texts else np.zeros((0, 1), np.float32)
         self.calls += 1
         n_claims = sum(len(item.claims) for item in items)
         claim_vecs, unit_vecs = vectors[:n_claims], vectors[n_claims:]
@@ -286,7 +287,7 @@ class LocalJudge(Judge):
         queries = [item.question for item in items]
         refs = [item.reference or "" for item in items]
         passages = [p for item in items for p in item.passages]
-        vectors = self.embedder.encode(queries + refs + passages) if items else None
+        vectors = encode_batch_independent(self.embedder, queries + refs + passages) if items else None
         self.calls += 1
         n = len(items)
         out: list[Outcome[list[Verdict]]] = []
@@ -317,7 +318,7 @@ class LocalJudge(Judge):
         """Cosine similarity, clipped at 0 (MiniLM rarely goes below; negative means unrelated)."""
         if not pairs:
             return []
-        vectors = self.embedder.encode([a for a, _ in pairs] + [b for _, b in pairs])
+        vectors = encode_batch_independent(self.embedder, [a for a, _ in pairs] + [b for _, b in pairs])
         self.calls += 1
         n = len(pairs)
         cos = np.einsum("ij,ij->i", vectors[:n], vectors[n:])

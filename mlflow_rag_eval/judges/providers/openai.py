@@ -26,9 +26,10 @@ OpenAI form, so a 5xx of that kind is no reason to retry. The layer above then f
 The API key is read from the environment variable ``api_key_env`` on every request and is
 never stored on the backend, shown in its ``repr``, its ``identity()`` or any error message;
 a reply that echoes it, as written, JSON-escaped or URL-encoded, gets ``***`` in its place, so
-no cache entry, justification or report can hold it. A ``base_url`` whose query string would
-carry a secret (``?subscription-key=...``, ``?code=...``) is refused: base_url is logged and
-stored. Redirects are followed within the server's origin only; one to another origin is a
+no cache entry, justification or report can hold it. The same holds for every header value
+sent (``headers=`` included) and every other credential the process holds, in any common
+encoding (see :mod:`mlflow_rag_eval._util.redaction`). A ``base_url`` with a query string,
+``;`` parameters or ``user:password@`` is refused: base_url is logged and stored. Redirects are followed within the server's origin only; one to another origin is a
 ``PermanentError("CrossOriginRedirect")``: requests would send the ``api-key`` header (it drops
 only ``Authorization``) and the texts under evaluation to a server nobody configured.
 """
@@ -41,8 +42,8 @@ import re
 import threading
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from mlflow_rag_eval._util.redaction import remember
 from mlflow_rag_eval.judges.llm.chat import (
     RESPONSE_FORMATS,
     ChatReply,
@@ -61,7 +62,15 @@ from mlflow_rag_eval.judges.providers._http_attempt import (  # scrub and redact
     transport_failure,
     watched_adapter_class,
 )
-from mlflow_rag_eval.judges.registry import as_url, register_judge_provider, secret_query_parameters
+from mlflow_rag_eval.judges.registry import (
+    as_bool,
+    as_int,
+    as_positive_float,
+    as_url,
+    backend_options,
+    register_judge_provider,
+    url_refusal,
+)
 
 __all__ = [
     "OpenAICompatBackend",
@@ -138,14 +147,6 @@ def error_for_status(
     return PermanentError("BadRequest", message)
 
 
-def _redact_url(url: str) -> str:
-    """The URL without any ``user:password@`` part (it may be logged and cached)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
 def _schema_name(name: str) -> str:
     # OpenAI accepts ^[a-zA-Z0-9_-]{1,64}$ for json_schema.name.
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "reply"
@@ -208,24 +209,26 @@ class OpenAICompatBackend:
             raise ValueError("OpenAICompatBackend needs a model name")
         self.model = model
         root = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        secret = secret_query_parameters(root)
-        if secret:  # base_url is shown, logged, cached, and written to the lineage and the report
-            raise ValueError(f"base_url has query parameter(s) {secret} that would carry a secret; refused "
-                             "(base_url is logged and stored): put the key in an environment variable named "
-                             "by api_key_env")
-        # Requests go to the URL as given; base_url (shown, logged, cached) drops user:password.
-        self._request_root = root
-        self.base_url = _redact_url(root)
+        refused = url_refusal(root)
+        if refused:  # base_url is shown, logged, cached, and written to the lineage and the report
+            raise ValueError(f"base_url has {refused}; refused (base_url is logged and stored): put a key in "
+                             "the environment variable named by api_key_env, other credentials in headers=")
+        self._request_root = self.base_url = root
+        if not isinstance(default_concurrency, int) or isinstance(default_concurrency, bool) or default_concurrency < 1:
+            raise ValueError(f"default_concurrency must be a positive integer, got a {type(default_concurrency).__name__}")
         self.api_key_env = api_key_env
         self.azure_api_version = azure_api_version
         self._headers = dict(headers or {})
+        # Whatever goes on the wire beside the body is a credential as far as any text is concerned.
+        remember(*self._headers.values(), os.environ.get(api_key_env))
         self.supports_schema = supports_schema
         if response_format not in RESPONSE_FORMATS:
-            raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, got {response_format!r}")
+            raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}")
         self.response_format = response_format
         self.default_concurrency = default_concurrency
         if default_rate_limit is not None and not default_rate_limit > 0:
-            raise ValueError(f"rate_limit must be a positive number of requests per second, got {default_rate_limit!r}")
+            raise ValueError("rate_limit must be a positive number of requests per second, got a "
+                             f"{type(default_rate_limit).__name__}")
         self.default_rate_limit = default_rate_limit
         self.connect_timeout = connect_timeout
         self._local = threading.local()  # one requests.Session per thread
@@ -324,8 +327,9 @@ class OpenAICompatBackend:
 
     def complete(self, request: ChatRequest) -> ChatReply:
         key = os.environ.get(self.api_key_env) or None
-        secrets = (key,)
         url, query, headers = self._url_and_auth(key)
+        remember(*(v for k, v in headers.items() if k != "Content-Type"))
+        secrets = (key,)
         body = self.body(request)
         where = f"{self.base_url} ({self.model})"
         response = self._post(url, query, body, headers, request.timeout, where, secrets)
@@ -402,9 +406,10 @@ def parse_chat_completion(
     )
 
 
+#: Options of an ``openai:/`` judge name and their types: nothing else is accepted.
 _TARGET_OPTIONS = {
-    "base_url", "api_key_env", "azure_api_version", "supports_schema", "response_format", "concurrency",
-    "rate_limit",
+    "base_url": as_url, "api_key_env": str, "azure_api_version": str, "supports_schema": as_bool,
+    "response_format": str, "concurrency": as_int, "rate_limit": as_positive_float,
 }
 
 
@@ -419,43 +424,12 @@ def parse_openai_target(spec: str) -> OpenAICompatBackend:
     Options: ``base_url``, ``api_key_env``, ``azure_api_version``, ``supports_schema``
     (``true``/``false``), ``response_format`` (``json_schema``, the default, or ``json_object``
     for llama-cpp-python's server: ``openai:/smollm2?base_url=...&response_format=json_object``),
-    ``concurrency``, ``rate_limit`` (requests per second). Everything after the first ``?`` is
-    options, so a
-    ``base_url`` with its own query string must be percent-encoded. A key is never accepted
-    in the name (names are logged): use ``api_key_env``.
+    ``concurrency``, ``rate_limit`` (requests per second); any other is refused. A key is never
+    accepted in the name (names are logged): use ``api_key_env``; a ``base_url`` with
+    ``user:password@``, a query string or ``;`` parameters is refused, and a bad value is named
+    by option and type, never echoed.
     """
-    scheme, sep, rest = spec.partition(":")
-    if scheme != "openai" or not sep:
-        raise ValueError(f"not an openai judge name: {spec!r} (expected 'openai:/<model>')")
-    rest = rest[1:] if rest.startswith("/") else rest
-    model, _, query = rest.partition("?")
-    if not model:
-        raise ValueError(f"no model in judge name {spec!r} (expected 'openai:/<model>')")
-    options = dict(parse_qsl(query, keep_blank_values=True))
-    unknown = set(options) - _TARGET_OPTIONS
-    if unknown:
-        hint = " (keys come from the environment: use api_key_env=)" if any(
-            "key" in k and k != "api_key_env" for k in unknown
-        ) else ""
-        raise ValueError(
-            f"unknown option(s) {sorted(unknown)} in judge name; allowed: {sorted(_TARGET_OPTIONS)}{hint}"
-        )
-    kwargs: dict[str, Any] = {}
-    if "supports_schema" in options:
-        value = options["supports_schema"].lower()
-        if value not in ("true", "false", "1", "0"):
-            raise ValueError(f"supports_schema must be true or false, got {value!r}")
-        kwargs["supports_schema"] = value in ("true", "1")
-    if "concurrency" in options:
-        kwargs["default_concurrency"] = int(options["concurrency"])
+    model, options = backend_options(spec, "openai", _TARGET_OPTIONS, "model", "model")
     if "rate_limit" in options:
-        kwargs["default_rate_limit"] = float(options["rate_limit"])
-    if "response_format" in options:
-        kwargs["response_format"] = options["response_format"]
-    return OpenAICompatBackend(
-        model,
-        base_url=as_url(options["base_url"]) if options.get("base_url") else None,
-        api_key_env=options.get("api_key_env") or "OPENAI_API_KEY",
-        azure_api_version=options.get("azure_api_version") or None,
-        **kwargs,
-    )
+        options["default_rate_limit"] = options.pop("rate_limit")
+    return OpenAICompatBackend(model, **options)
