@@ -70,6 +70,9 @@ class EvaluatedRun:
     #: sha256 of the bytes of the run's ``eval_results_table.json``, as read: which rows a
     #: decision made on this run saw (None when the table was not read from a run)
     table_sha256: str | None = None
+    #: sha256 of the bytes of the run's ``rag_eval/judge_lineage.json``, as read (the directions'
+    #: source; the gate checks it against the run's seal)
+    lineage_sha256: str | None = None
 
     @property
     def identity(self) -> dict[str, str | None]:
@@ -110,12 +113,13 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
             raw = f.read()
         table = json.loads(raw)
         lineage_path = client.download_artifacts(run_id, "rag_eval/judge_lineage.json", tmp)
-        with open(lineage_path) as f:
-            lineage = json.load(f)
+        with open(lineage_path, "rb") as f:
+            raw_lineage = f.read()
+        lineage = json.loads(raw_lineage)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
     directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
     return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client),
-                        dict(run.data.metrics), hashlib.sha256(raw).hexdigest())
+                        dict(run.data.metrics), hashlib.sha256(raw).hexdigest(), hashlib.sha256(raw_lineage).hexdigest())
 
 
 def paired_scores(a: EvaluatedRun, b: EvaluatedRun, metric: str,

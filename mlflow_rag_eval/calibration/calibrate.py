@@ -24,13 +24,16 @@ With ``log=True`` a run goes to the experiment ``rag_eval-calibration`` (by defa
 ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``; metrics
 ``calibration/<figure>`` with ``_ci_low``/``_ci_high``, ``calibration/n_labels``,
 ``/n_scored``, ``/n_error``, ``/n_skipped``; artifacts ``rag_eval/calibration.json`` and
-``rag_eval/calibration_rows.json`` (label, score, justification per row). The gate looks up
-the newest such run for its judge, prompts version and metric.
+``rag_eval/calibration_rows.json`` (label, score, justification per row; its sha256 in param
+``rag_eval.calibration.rows_sha256``). The gate looks up the newest such run for its judge,
+prompts version and metric, and recomputes its figures from the labels
+(:func:`recompute_calibration`), never reading them from the metrics.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,9 +49,12 @@ from mlflow_rag_eval.calibration.labels import labels_from_run, load_labels
 from mlflow_rag_eval.keys import metric_key
 from mlflow_rag_eval.tracking.search import CALIBRATION_TAG
 
-__all__ = ["CalibrationResult", "DEFAULT_EXPERIMENT", "FIGURES", "calibrate", "calibrate_from_run"]
+__all__ = ["CalibrationResult", "DEFAULT_EXPERIMENT", "FIGURES", "ROWS_FILE", "calibrate", "calibrate_from_run",
+           "recompute_calibration"]
 
 DEFAULT_EXPERIMENT = "rag_eval-calibration"
+#: a calibration's rows (label, score, support, status, justification), sealed by digest in its params
+ROWS_FILE = "rag_eval/calibration_rows.json"
 FIGURES = ("spearman", "kendall_tau", "cohen_kappa", "accuracy", "balanced_accuracy", "auroc")
 
 
@@ -281,11 +287,12 @@ def calibrate_from_run(run_id: str, metric: str = "faithfulness", *, label_name:
                   threshold=0.5 if threshold is None else float(threshold), label_threshold=label_threshold,
                   n_boot=n_boot, seed=seed, labels_digest=digest)
     if log:
-        out.run_id = _log(out, experiment, client, source=f"run:{run_id}")
+        out.run_id = _log(out, experiment, client, source=f"run:{run_id}", label_name=label_name)
     return out
 
 
-def _log(result: CalibrationResult, experiment: str, client, source: str | None) -> str:
+def _log(result: CalibrationResult, experiment: str, client, source: str | None,
+         label_name: str | None = None) -> str:
     import mlflow
     from mlflow.entities import Metric, Param
 
@@ -305,12 +312,63 @@ def _log(result: CalibrationResult, experiment: str, client, source: str | None)
         for stat, suffix in (("value", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
             if figure[stat] is not None:  # undefined figures are left out, never NaN
                 metrics[f"calibration/{name}{suffix}"] = figure[stat]
+    rows_text = json.dumps(result.rows.to_dict(orient="records"), default=str)
     params = {"threshold": result.threshold, "label_threshold": result.label_threshold,
               "n_boot": result.n_boot, "seed": result.seed, "labels_digest": result.labels_digest,
-              "labels_source": source or "DataFrame", "judge": result.judge}
+              "labels_source": source or "DataFrame", "judge": result.judge,
+              "rows_sha256": hashlib.sha256(rows_text.encode("utf-8")).hexdigest(),
+              **({"label_name": label_name} if label_name else {})}
     client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
                      params=[Param(f"rag_eval.calibration.{k}", str(v)[:6000]) for k, v in params.items()])
     client.log_dict(run_id, result.as_dict(), "rag_eval/calibration.json")
-    client.log_dict(run_id, result.rows.to_dict(orient="records"), "rag_eval/calibration_rows.json")
+    client.log_text(run_id, rows_text, ROWS_FILE)
     client.set_terminated(run_id)
     return run_id
+
+
+def recompute_calibration(run, client=None) -> CalibrationResult:
+    """A logged calibration's figures recomputed from its labels, never read from its metrics
+    (which anyone who can write to the run can overwrite): for a calibration made from an
+    evaluation run's HUMAN feedback (``labels_source`` ``run:<id>``), from that feedback and the
+    run's scores again; for one made from a labels file, from its ``rag_eval/calibration_rows.json``
+    (label and judge score per row), checked against the sha256 sealed in its params
+    (``rag_eval.calibration.rows_sha256``; calibrations logged before it are recomputed unchecked).
+
+    Raises:
+        ValueError: the rows are not the sealed ones, the labels are gone, or they are another
+            judge's than the calibration says.
+    """
+    import tempfile
+
+    import mlflow
+
+    client = client or mlflow.MlflowClient()
+    params, tags = run.data.params, run.data.tags
+
+    def param(name: str, default: Any = None) -> Any:
+        return params.get(f"{CALIBRATION_TAG}.{name}", default)
+
+    metric = tags[f"{CALIBRATION_TAG}.metric"]
+    settings = {"threshold": float(param("threshold", 0.5)), "label_threshold": float(param("label_threshold", 0.5)),
+                "n_boot": int(param("n_boot", 1000)), "seed": int(param("seed", 0))}
+    source = param("labels_source", "")
+    if source.startswith("run:"):
+        out = calibrate_from_run(source[4:], metric, label_name=param("label_name"), log=False, client=client,
+                                 **settings)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(client.download_artifacts(run.info.run_id, ROWS_FILE, tmp)).read_bytes()
+        sealed = param("rows_sha256")
+        if sealed and hashlib.sha256(raw).hexdigest() != sealed:
+            raise ValueError(f"calibration run {run.info.run_id}: its {ROWS_FILE} is not the one sealed when it was "
+                             "logged (param rag_eval.calibration.rows_sha256): it was edited afterwards")
+        out = _result(pd.DataFrame(json.loads(raw)), metric=metric, judge=param("judge", tags.get("rag_eval.judge")),
+                      judge_fingerprint=tags.get("rag_eval.judge_fingerprint"),
+                      prompts_version=tags.get("rag_eval.prompts_version"), labels_digest=param("labels_digest", ""),
+                      **settings)
+    claimed = (tags.get("rag_eval.judge_fingerprint"), tags.get("rag_eval.prompts_version"))
+    if (out.judge_fingerprint, out.prompts_version) != claimed:
+        raise ValueError(f"calibration run {run.info.run_id} says judge {claimed[0]} ({claimed[1]}), but its labels "
+                         f"were scored by {out.judge_fingerprint} ({out.prompts_version})")
+    out.run_id = run.info.run_id
+    return out

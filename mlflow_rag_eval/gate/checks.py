@@ -7,8 +7,9 @@ check names its slice (``difficulty=hard``), shown beside its kind.
 The figures checked are recomputed from the run's per-row table (:func:`verified_figures`):
 anyone who can write to a run can overwrite its metrics (``log_metric(run, "faithfulness/n_error",
 0)``), and a logged figure that disagrees with the rows it summarizes is refused, not believed.
-The PPI figures (``<metric>/ppi_*``, logged later from human labels) are not in the table: they
-are read from the run's metrics, and refused only when they are not finite numbers.
+The PPI figures (``<metric>/ppi_*``) are not in the table: the gate recomputes those it decides
+on from the human labels on the run's traces (:func:`mlflow_rag_eval.gate.evidence.recompute_ppi`),
+and calibrations from their labels; neither is read from metrics.
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Chec
 
 
 def _why_missing(stat: str, n_scored: int) -> str:
+    if stat in PPI_STATS:
+        return ("the gate recomputes it from the human labels on the run's traces, and found too few: "
+                "see the notes")
     if not n_scored:
         return "no row scored"
     if stat in ("ci_low", "ci_high"):
@@ -370,6 +374,12 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
         if adjusted_p is None:
             return Check(metric, "regression", None, alpha, False,
                          f"{metric}: cannot test a regression: {detail}", delta=adjusted, detail=detail)
+        shown_ci = _family_ci(sa, sb, sign, test, len(policy.max_regression), (low, high))
+        if shown_ci is not None and shown_ci[1][1] < -tolerance:  # the CI says it: no p-value overrules it
+            return Check(metric, "regression", adjusted_p, alpha, False,
+                         f"{metric} regressed: the whole {shown_ci[0]} [{shown_ci[1][0]:+.3f}, {shown_ci[1][1]:+.3f}] "
+                         f"lies below -{tolerance:g}, {correction} p={adjusted_p:.3g} ({detail})",
+                         delta=adjusted, detail=detail)
         ok = adjusted_p >= alpha
         reason = "" if ok else (f"{metric} regressed: the drop beyond {tolerance:g} is significant, {correction} "
                                 f"p={adjusted_p:.3g} < {alpha:g} ({detail})")
@@ -394,6 +404,21 @@ def regression_check(metric: str, champion, candidate, delta, policy: GatePolicy
     return Check(metric, "regression", decided, -tolerance, ok, reason, delta=adjusted, detail=detail)
 
 
+def _family_ci(sa, sb, sign: float, test, n_metrics: int, ci: tuple[float | None, float | None]):
+    """The CI that refuses a drop under ``decide_on: test`` whatever the p-value: the printed
+    one for a single metric or ``correction: none``; with Holm over several metrics, the
+    Bonferroni-widened one (``1 - (1 - confidence) / n``), so that the CI rule keeps the
+    family-wise rate the correction promises (a 95% CI per metric would refuse an unchanged
+    candidate on one of ten metrics in about a fifth of gates). (label, (low, high)) or None."""
+    if test.correction != "holm" or n_metrics <= 1:
+        return None if ci[0] is None else (f"{test.confidence:.0%} CI", ci)
+    level = 1.0 - (1.0 - test.confidence) / n_metrics
+    wide = stats.paired_difference_ci(sa, sb, confidence=level)
+    if wide is None:
+        return None
+    return f"{level:.2%} CI (Bonferroni over {n_metrics} metrics)", tuple(sorted((sign * wide[0], sign * wide[1])))
+
+
 def _ppi_regression_check(metric: str, champion, candidate, delta, tolerance: float, test, detail: str) -> Check:
     """``decide_on: ppi``: the lower bound of the CI of the PPI estimates' difference decides."""
     from mlflow_rag_eval.stats.ppi import ppi_difference
@@ -412,24 +437,33 @@ def _ppi_regression_check(metric: str, champion, candidate, delta, tolerance: fl
     return Check(metric, "regression", low, -tolerance, ok, reason, delta=sign * delta.delta, detail=shown)
 
 
-def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePolicy) -> Check:
-    """The judge's latest calibration on ``metric`` (an MLflow run, or None) against the policy."""
+def calibration_check(metric: str, run, judge_fingerprint: str, policy: GatePolicy, recomputed=None) -> Check:
+    """The judge's latest calibration on ``metric`` (an MLflow run, or None) against the policy.
+
+    ``recomputed``: its :class:`~mlflow_rag_eval.calibration.calibrate.CalibrationResult` made
+    again from its labels at gate time
+    (:func:`~mlflow_rag_eval.calibration.calibrate.recompute_calibration`), or why it could not
+    be: the figures checked are those, never the run's metrics, which can be overwritten.
+    """
     need = policy.calibration
     threshold = f"rho >= {need.min_spearman:g}, n >= {need.min_labels}"
     if run is None:
         return Check(metric, "calibration", None, threshold, False,
                      f"no calibration record for judge {judge_fingerprint} on {metric}")
-    figures = run.data.metrics
-    rho = figures.get("calibration/spearman")
-    n = int(figures.get("calibration/n_scored", 0))
-    detail = f"run {run.info.run_id}"
+    detail = f"run {run.info.run_id}, recomputed from its labels"
+    if recomputed is None or isinstance(recomputed, str):
+        why = recomputed or "no labels to recompute it from"
+        return Check(metric, "calibration", None, threshold, False,
+                     f"{metric}: calibration run {run.info.run_id} cannot be recomputed from its labels ({why})",
+                     detail=detail)
+    figure = recomputed.figures["spearman"]
+    rho, n = figure["value"], recomputed.n_scored
     if rho is None or (isinstance(rho, float) and math.isnan(rho)):
         return Check(metric, "calibration", None, threshold, False,
                      f"{metric}: calibration rho is undefined on {n} labels (constant scores or labels)",
                      detail=detail)
-    low, high = figures.get("calibration/spearman_ci_low"), figures.get("calibration/spearman_ci_high")
-    if low is not None and high is not None:
-        detail += f", 95% CI [{low:.3f}, {high:.3f}]"
+    if figure["ci_low"] is not None and figure["ci_high"] is not None:
+        detail += f", 95% CI [{figure['ci_low']:.3f}, {figure['ci_high']:.3f}]"
     reasons = []
     if rho < need.min_spearman:
         reasons.append(f"calibration rho {rho:.2f} < {need.min_spearman:g} on {n} labels")

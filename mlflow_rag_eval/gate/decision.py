@@ -2,13 +2,17 @@
 
 Steps of :func:`gate`:
 
-1. find the candidate version's evaluation run (see :mod:`~mlflow_rag_eval.tracking.search`): the
-   newest on the policy's ``dataset_digest``, else its newest; none -> exit 2. The newest is the
-   one judged, whatever its state: deleted, FAILED, KILLED, still RUNNING or SCHEDULED -> exit 2
-   naming it (an older finished run is not judged in its place: deleting or failing the newest
-   evaluation would choose the evidence);
-2. find the champion (the version holding ``champion_alias``). When no version holds it:
-   if the model has no alias at all (or the caller says ``first_version``), the candidate is
+1. find the candidate version's own evaluation run (:func:`~mlflow_rag_eval.tracking.search.evaluation_runs`:
+   ``mv.run_id``, else its logged model's runs in that model's experiment, never a run elsewhere
+   that claims the model by tag): the newest on the policy's ``dataset_digest`` (by param), else
+   its newest; none -> exit 2. The newest is the one judged, whatever its state: deleted, FAILED,
+   KILLED, still RUNNING or SCHEDULED -> exit 2 naming it (an older finished run is not judged in
+   its place: deleting or failing the newest evaluation would choose the evidence); so is one
+   that started after the gate's clock (beyond :data:`CLOCK_SKEW_S`), unless it is deleted;
+2. find the champion (the version holding ``champion_alias``). When no version holds it but the
+   gate gave the alias to a version (registered model tag ``rag_eval.gate.alias.<alias>``), that
+   version was deleted or the alias removed: exit 2 unless ``first_version`` (fail closed).
+   Otherwise, if the model has no alias at all (or the caller says ``first_version``), the candidate is
    a first version, judged on required metrics, rows, error rate, floors/ceilings and
    calibration only; if the model has other aliases, the alias is taken for a typo and the
    input is unusable (exit 2, naming the aliases that exist), because a mistyped alias would
@@ -17,20 +21,27 @@ Steps of :func:`gate`:
    by the same judge is preferred, and it must be a finished, live run as the candidate's;
 3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
    changed") unless ``allow_judge_change``, which the decision then records;
-4. the figures: each figure the checks read (per gated metric ``n_scored``, ``n_error``,
+4. the evidence (:mod:`~mlflow_rag_eval.gate.evidence`): each run's rows table, slices and
+   lineage checked against the digests sealed in its params, the table's trace ids against the
+   run's traces, the directions taken from the metric registry; anything else -> exit 2. The
+   figures: each figure the checks read (per gated metric ``n_scored``, ``n_error``,
    ``mean``; the statistics its floors and ceilings name) is recomputed from the run's per-row
    table (:func:`~mlflow_rag_eval.gate.checks.verified_figures`), for the candidate and the
    champion; a logged figure that disagrees (beyond float noise), or is infinite, -> exit 2:
    run metrics can be overwritten by anyone who can write to the run, the table is what was
    evaluated. The sha256 of each table is recorded (``rows_table_sha256``);
 5. the checks, on those figures: metric checks, per-slice limits (read from the candidate's
-   ``rag_eval/slices.json``), the paired regression rule vs the champion, calibration;
+   sealed ``rag_eval/slices.json``), the paired regression rule vs the champion, calibration
+   (recomputed from its labels); PPI figures are recomputed from the runs' human labels;
 6. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
    ``rag_eval/gate_decisions/``) and ``rag_eval.gate*`` tags on the candidate's evaluation run;
    model-version tags ``rag_eval.gate`` (passed|failed), ``rag_eval.gate_run_id``,
    ``rag_eval.gate_policy_sha256``, ``rag_eval.gate_decided_at``; on a pass, alias
-   ``previous_<alias>`` to the old champion, then ``<alias>`` to the candidate. On a fail the
-   aliases stay. Unusable input (exit 2) records nothing: no decision was made.
+   ``previous_<alias>`` to the old champion, then ``<alias>`` to the candidate, and the registered
+   model tag ``rag_eval.gate.alias.<alias>``. On a fail the aliases stay. All of it under the
+   model's promotion lease, and only if the alias still points where the decision read it
+   (:mod:`~mlflow_rag_eval.gate.promotion`): else exit 2 naming the winner, nothing recorded.
+   Unusable input (exit 2) records nothing: no decision was made.
 
 Exit codes: 0 passed, 1 refused, 2 unusable input (bad or empty policy, missing version or
 evaluation, an evaluation run that is not finished and live, a run whose metrics disagree with
@@ -42,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +69,9 @@ from mlflow_rag_eval.gate.checks import (
     table,
     verified_figures,
 )
+from mlflow_rag_eval.gate.evidence import recompute_ppi, verify_evidence
 from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
+from mlflow_rag_eval.gate.promotion import PromotionConflict, promotion_lease
 from mlflow_rag_eval.tracking import search as lookup
 
 __all__ = ["DECISION_FILE", "GateDecision", "gate"]
@@ -169,8 +183,32 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
         decision.reasons.append(f"cannot read the registry or an evaluation run: {' '.join(str(message).split())}")
         return decision
     if record:  # unusable input (exit 2) returned above: it records nothing
-        _record(client, decision, champion)
+        try:
+            with promotion_lease(client, decision.model, decision.candidate_version):
+                _refuse_stale(client, decision)
+                _record(client, decision, champion)
+        except PromotionConflict as exc:  # another gate won: this decision is stale, and not recorded
+            decision.reasons = [f"{exc}; this decision was not recorded: gate v{decision.candidate_version} again"]
+            decision.passed, decision.exit_code = False, 2
+        except mlflow.exceptions.MlflowException as exc:
+            decision.reasons = [f"cannot record the decision: {' '.join(str(exc.message).split())}"]
+            decision.passed, decision.exit_code = False, 2
     return decision
+
+
+def _refuse_stale(client, decision: GateDecision) -> None:
+    """Compare-and-swap: the alias must still point where the decision read it."""
+    current = lookup.champion_version(client, decision.model, decision.champion_alias)
+    now = None if current is None else str(current.version)
+    read = decision.champion_version
+    if now == read or (read is None and now == decision.candidate_version):
+        return
+    winner = "no version" if now is None else f"v{now}"
+    if current is not None and current.tags.get("rag_eval.gate_decided_at"):
+        winner += f" (promoted by the gate at {current.tags['rag_eval.gate_decided_at']})"
+    was = "no version" if read is None else f"v{read}"
+    raise PromotionConflict(f"alias {decision.champion_alias!r} of {decision.model!r} moved to {winner} while this "
+                            f"gate decided against {was}")
 
 
 class _Unusable(Exception):
@@ -189,7 +227,7 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
         raise _Unusable(f"the policy is for model {policy.model!r}, not {decision.model!r}")
     mv, candidate_run = _candidate(decision, policy, client)
     champion, champion_run = _champion(decision, client, mv, candidate_run, first_version)
-    candidate, champion_eval = _evaluations(client, candidate_run, champion_run)
+    candidate, champion_eval = _evaluations(decision, policy, client, candidate_run, champion_run)
     figures = _verified(decision, policy, candidate, champion_eval)
     identity = candidate.identity
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
@@ -217,7 +255,7 @@ def _candidate(decision: GateDecision, policy: GatePolicy, client):
         mv = client.get_model_version(model, str(version))
     except mlflow.exceptions.MlflowException as exc:
         raise _Unusable(f"model version {model} v{version} not found: {exc.message}") from None
-    runs = lookup.evaluation_runs(client, mv, policy.dataset_digest)
+    runs = _dated(lookup.evaluation_runs(client, mv, policy.dataset_digest))
     if not runs:
         on = f" on dataset digest {policy.dataset_digest}" if policy.dataset_digest else ""
         raise _Unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
@@ -225,8 +263,35 @@ def _candidate(decision: GateDecision, policy: GatePolicy, client):
     run = runs[0]
     decision.candidate_run_id = run.info.run_id
     _refuse_unusable(run, f"the newest evaluation run {run.info.run_id} of {model} v{mv.version}", mv.version)
-    decision.dataset_digest = run.data.tags.get("rag_eval.dataset_digest")
+    _refuse_future(run, f"the newest evaluation run {run.info.run_id} of {model} v{mv.version}")
+    decision.dataset_digest = run.data.params.get("rag_eval.dataset_digest",
+                                                  run.data.tags.get("rag_eval.dataset_digest"))
     return mv, run
+
+
+#: how far ahead of the gate's clock a run may have started (clocks of two machines disagree)
+CLOCK_SKEW_S = 60
+
+
+def _in_future(run) -> bool:
+    return (run.info.start_time or 0) > (time.time() + CLOCK_SKEW_S) * 1000
+
+
+def _dated(runs: list) -> list:
+    """``runs`` (newest first) without the deleted ones dated in the future: a run dated ahead of
+    the gate's clock would be the newest for as long as the date is ahead, so deleting it is how
+    its owner lets the gate judge the others."""
+    return [r for r in runs if not (_in_future(r) and r.info.lifecycle_stage != "active")]
+
+
+def _refuse_future(run, what: str) -> None:
+    """Exit 2 for a run that started after the gate's clock (beyond :data:`CLOCK_SKEW_S`): the
+    newest run is the one judged, and a start time set ahead would choose the evidence."""
+    if _in_future(run):
+        started = _dt.datetime.fromtimestamp(run.info.start_time / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
+        raise _Unusable(f"{what} started at {started}, after this gate's clock ({_now()[:19]}Z): a run dated in "
+                        "the future would be the newest, and judged, until that date; fix the clock of the "
+                        "machine that evaluated it, delete the run (MlflowClient().delete_run) and evaluate again")
 
 
 def _refuse_unusable(run, what: str, version) -> None:
@@ -248,6 +313,14 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
     first version)."""
     model, alias = decision.model, decision.champion_alias
     champion = lookup.champion_version(client, model, alias)
+    recorded = lookup.gated_alias_holder(client, model, alias) if champion is None else None
+    if recorded is not None and not first_version:
+        raise _Unusable(
+            f"no version holds alias {alias!r} of {model!r}, but the gate gave it to v{recorded} (registered model "
+            f"tag {lookup.GATED_ALIAS_TAG}.{alias}): v{recorded} was deleted or the alias removed, and judging the "
+            "candidate as a first version would skip the comparison with the champion; set the alias on the "
+            "version that is the champion now (MlflowClient().set_registered_model_alias), or pass "
+            "first_version / --first-version to promote without comparing")
     if champion is None:
         others = sorted(a for a in lookup.model_aliases(client, model) if a != alias)
         if others and not first_version:
@@ -269,7 +342,7 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
         return None, None
     decision.champion_version = str(champion.version)
     digest = decision.dataset_digest
-    runs = lookup.evaluation_runs(client, champion, digest)
+    runs = _dated(lookup.evaluation_runs(client, champion, digest))
     if not runs:
         others = {r.data.tags.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
         raise _Unusable(
@@ -280,13 +353,16 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
     same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
     champion_run = (same_judge or runs)[0]
     decision.champion_run_id = champion_run.info.run_id
-    _refuse_unusable(champion_run, f"the champion's evaluation run {champion_run.info.run_id} of {model} "
-                                   f"v{champion.version}", champion.version)
+    what = f"the champion's evaluation run {champion_run.info.run_id} of {model} v{champion.version}"
+    _refuse_unusable(champion_run, what, champion.version)
+    _refuse_future(champion_run, what)
     return champion, champion_run
 
 
-def _evaluations(client, candidate_run, champion_run):
-    """The per-row evaluations of the candidate and (if any) the champion."""
+def _evaluations(decision: GateDecision, policy: GatePolicy, client, candidate_run, champion_run):
+    """The per-row evaluations of the candidate and (if any) the champion, each checked
+    against its seal and its traces, with the directions of the metric registry
+    (:func:`~mlflow_rag_eval.gate.evidence.verify_evidence`)."""
     import mlflow
 
     from mlflow_rag_eval.compare import NotComparable, load_evaluation
@@ -296,7 +372,36 @@ def _evaluations(client, candidate_run, champion_run):
         champion = load_evaluation(champion_run.info.run_id, client) if champion_run else None
     except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
         raise _Unusable(f"cannot read an evaluation run: {exc}") from None
+    try:
+        candidate, notes = verify_evidence(client, candidate_run, candidate, require_seal=policy.require_seal)
+        decision.notes += notes
+        if champion is not None:
+            champion, notes = verify_evidence(client, champion_run, champion, require_seal=policy.require_seal)
+            decision.notes += notes
+    except AlteredRun as exc:
+        raise _Unusable(str(exc)) from None
+    ppi = _ppi_metrics(policy)
+    if ppi:
+        confidence = policy.regression_test.confidence
+        candidate, notes = recompute_ppi(client, candidate, ppi, confidence)
+        decision.notes += notes
+        if champion is not None:
+            champion, notes = recompute_ppi(client, champion, ppi, confidence)
+            decision.notes += notes
     return candidate, champion
+
+
+def _ppi_metrics(policy: GatePolicy) -> list[str]:
+    """The metrics whose PPI figures the policy decides on: floors and ceilings on ``ppi_*``,
+    and the judge-graded regression metrics under ``decide_on: ppi``."""
+    from mlflow_rag_eval.keys import PPI_STATS, split_aggregate_key
+    from mlflow_rag_eval.metrics import is_judge_graded
+
+    named = [split_aggregate_key(k) for k in (*policy.floors, *policy.ceilings)]
+    out = [m for m, stat in named if stat in PPI_STATS]
+    if policy.regression_test.decide_on == "ppi":
+        out += [m for m in policy.max_regression if is_judge_graded(m)]
+    return list(dict.fromkeys(out))
 
 
 def _verified(decision: GateDecision, policy: GatePolicy, candidate, champion) -> dict[str, float]:
@@ -368,8 +473,22 @@ def _calibration_checks(client, policy: GatePolicy, identity: dict) -> list[Chec
     for metric in policy.gated_metrics:
         if is_judge_graded(metric):
             run = lookup.find_calibration(client, metric, fp, prompts) if fp and prompts else None
-            checks.append(calibration_check(metric, run, fp, policy))
+            checks.append(calibration_check(metric, run, fp, policy, _recomputed(client, run)))
     return checks
+
+
+def _recomputed(client, run):
+    """The calibration ``run`` recomputed from its labels, or why it cannot be (None: no run)."""
+    import mlflow
+
+    from mlflow_rag_eval.calibration.calibrate import recompute_calibration
+
+    if run is None:
+        return None
+    try:
+        return recompute_calibration(run, client)
+    except (ValueError, KeyError, OSError, mlflow.exceptions.MlflowException) as exc:
+        return " ".join(str(getattr(exc, "message", exc)).split())
 
 
 def _record(client, decision: GateDecision, champion) -> None:
@@ -391,3 +510,6 @@ def _record(client, decision: GateDecision, champion) -> None:
             client.set_registered_model_alias(decision.model, f"previous_{decision.champion_alias}",
                                               str(champion.version))
         client.set_registered_model_alias(decision.model, decision.champion_alias, decision.candidate_version)
+        # what the alias should point at, should its version be deleted (see _champion)
+        client.set_registered_model_tag(decision.model, f"{lookup.GATED_ALIAS_TAG}.{decision.champion_alias}",
+                                        decision.candidate_version)

@@ -60,11 +60,15 @@ CI of a paired mean is often wider than any useful tolerance, so ``ci_low`` woul
 unchanged pipeline. The tolerance is the noise budget; the CI and p shown beside it tell a
 reviewer whether a refused drop is real or noise.
 
-``decide_on: test`` decides by a hypothesis test instead: a metric regresses when the one-sided
-Wilcoxon signed-rank test of ``delta < -max_regression`` (on the direction-adjusted paired
-differences shifted by the tolerance, :func:`mlflow_rag_eval.stats.regression_p`) rejects at
-``1 - confidence``, after the correction. A no-change candidate is then refused only by chance
-at that rate, and a drop must be shown, not merely observed, to refuse. ``correction: holm``
+``decide_on: test`` decides by a hypothesis test of the mean instead: a metric regresses when
+the one-sided paired t-test of ``mean(delta) < -max_regression`` (on the direction-adjusted
+paired differences, :func:`mlflow_rag_eval.stats.regression_p`) rejects at ``1 - confidence``,
+after the correction, or when the paired bootstrap CI lies wholly below ``-max_regression`` (a
+drop the CI shows is refused whatever the p-value says; with ``correction: holm`` over ``m``
+metrics that CI is at ``1 - (1 - confidence) / m``, so the CI rule keeps the family-wise rate). A no-change
+candidate is then refused only by chance at that rate, and a drop must be shown, not merely
+observed, to refuse. (A rank test would test the median: a drop of 1 on a few rows, the rest
+unchanged, has a median of 0.) ``correction: holm``
 (default) adjusts the regression p-values of the metrics gated together by Holm's step-down
 method: testing ten metrics at 5% each would refuse an unchanged pipeline in about 40% of
 gates, Holm keeps the rate at 5% (``bench/multiple_comparisons.py``). ``correction: none``
@@ -108,6 +112,14 @@ Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_hi
 :func:`mlflow_rag_eval.stats.ppi.ppi_from_run` logs once reviewers labelled some of the run's rows:
 ``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the
 metric at 0.8 or more. A run without it fails that floor, like any missing statistic.
+
+Evaluation runs logged before evaluations were sealed (no ``rag_eval.seal.*`` params, see
+:mod:`mlflow_rag_eval.gate.evidence`) still gate, with a one-line notice in the decision;
+``require_seal: true`` refuses them (exit 2).
+
+A policy file must be a regular file once symlinks are resolved (a FIFO, a device such as
+``/dev/zero`` or a folder is refused, naming what it is), of at most 1 MB
+(:data:`MAX_POLICY_BYTES`), read within :data:`POLICY_READ_DEADLINE_S` seconds.
 
 A policy file is read strictly: a key given twice in one mapping (YAML would keep the last one,
 silently: a second, lower floor would replace the one a reviewer reads) and any YAML anchor or
@@ -257,6 +269,9 @@ class GatePolicy(_Strict):
         None, description="Fewest scored rows of a slice with a limit (default: min_scored_rows).")
     regression_test: RegressionTest = RegressionTest()
     calibration: CalibrationRequirement = CalibrationRequirement()
+    require_seal: Annotated[bool, Strict()] = Field(
+        False, description="Refuse evaluation runs logged before evaluations were sealed (no rag_eval.seal.* "
+                           "params); false: they gate, with a notice.")
 
     @field_validator("floors", "ceilings", "max_regression", mode="before")
     @classmethod
@@ -354,6 +369,8 @@ class GatePolicy(_Strict):
                 del out[name]
         if out["slice_min_scored_rows"] is None:
             del out["slice_min_scored_rows"]
+        if not out["require_seal"]:
+            del out["require_seal"]
         if out["regression_test"]["correction"] == "holm":
             # the default; with decide_on point or ci_low it only adds a column to the report
             del out["regression_test"]["correction"]
@@ -436,7 +453,7 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
 
         path = Path(source)
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = _read_policy_file(path).decode("utf-8")
         except OSError as exc:
             raise PolicyError(str(path), f"cannot read the policy file ({exc.strerror or exc})") from None
         except UnicodeDecodeError as exc:
@@ -457,6 +474,60 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
         return GatePolicy.model_validate(dict(source))
     except ValidationError as exc:
         raise _policy_error(exc) from None
+
+
+#: the largest policy file read (a policy is a few dozen lines; this is a thousand times more)
+MAX_POLICY_BYTES = 1 << 20
+#: how long reading a policy file may take (a slow network mount)
+POLICY_READ_DEADLINE_S = 10.0
+
+
+def _read_policy_file(path: Path) -> bytes:
+    """The bytes of a policy file: a regular file after symlinks are resolved, of at most
+    :data:`MAX_POLICY_BYTES`, read within :data:`POLICY_READ_DEADLINE_S`. Opened without
+    blocking and checked on the open descriptor, so a FIFO or device swapped in after the
+    check is refused too, never read until memory runs out or waited on forever.
+
+    Raises:
+        PolicyError: not a regular file, too large, or too slow to read (naming why).
+        OSError: the file cannot be opened or read.
+    """
+    import os
+    import stat
+    import time
+
+    resolved = path.resolve(strict=True)
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+    def refuse_unless_regular(mode: int) -> None:
+        if not stat.S_ISREG(mode):
+            what = next((name for test, name in kinds if test(mode)), "not a regular file")
+            shown = str(path) if resolved == path.absolute() else f"{path} (-> {resolved})"
+            raise PolicyError(str(path), f"{shown} is {what}: a policy must be a regular file")
+
+    refuse_unless_regular(os.stat(resolved).st_mode)
+    fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        info = os.fstat(fd)
+        refuse_unless_regular(info.st_mode)
+        if info.st_size > MAX_POLICY_BYTES:
+            raise PolicyError(str(path), f"the policy file is {info.st_size} bytes, over the {MAX_POLICY_BYTES} "
+                                         "byte limit: a policy is a few dozen lines")
+        deadline = time.monotonic() + POLICY_READ_DEADLINE_S
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_POLICY_BYTES:  # grew since it was checked
+                raise PolicyError(str(path), f"the policy file is over the {MAX_POLICY_BYTES} byte limit")
+            if time.monotonic() > deadline:
+                raise PolicyError(str(path), f"reading the policy file took over {POLICY_READ_DEADLINE_S:g} s")
+    finally:
+        os.close(fd)
 
 
 # -- the strict YAML reader: what YAML accepts silently and a policy must not ----------------------

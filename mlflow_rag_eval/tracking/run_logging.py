@@ -22,6 +22,9 @@ What a run holds after an evaluation (one evaluation per run):
 - ``rag_eval/judge_lineage.json``: the judge, its model files' hash, its settings, the metric
   specs, call counts and timings, and package versions. No secret goes in: judge params are
   settings, never credentials;
+- the seal (:mod:`mlflow_rag_eval.tracking.seal`): params ``rag_eval.seal.*`` with the sha256 of
+  the rows table, the slices and the lineage, and the metric directions, which the gate checks
+  those artifacts against (params cannot be changed once logged);
 - ``rag_eval/worst_rows.json``: per metric, the bottom decile with reasons and evidence;
 - ``rag_eval/report.html``: a self-contained page (distributions, the retrieval-vs-generation
   quadrant, the worst rows, the per-slice table, the lineage) that the MLflow UI's artifact
@@ -63,8 +66,10 @@ from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResul
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 from mlflow_rag_eval.judges.base import JudgeInfo
 from mlflow_rag_eval.judges.prompts import PROMPTS
+from mlflow_rag_eval.keys import metric_key
 from mlflow_rag_eval.report import render_report, worst_rows
 from mlflow_rag_eval.results import ErrorRateExceeded
+from mlflow_rag_eval.tracking import seal
 from mlflow_rag_eval.tracking.search import calibration_records
 from mlflow_rag_eval.tracking.traces import log_row_traces
 
@@ -314,6 +319,7 @@ def log_run_level(
     extra_params: dict[str, str] | None = None,
     skip_metrics: frozenset[str] = frozenset(),
     table: bool = True,
+    sealed: dict[str, str] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """What a run holds whatever rows it has: aggregates, params, tags (judge identity, dataset
     digest, calibration) and ``rag_eval/judge_lineage.json``; returns the metrics logged and the
@@ -329,6 +335,9 @@ def log_run_level(
         skip_metrics: keys another writer logs (see :func:`log_run_contents`).
         table: the run gets ``eval_results_table.json`` (the UI's evaluation view is told so
             through the ``mlflow.loggedArtifacts`` tag); false for runs logged without one.
+        sealed: the seal params of the artifacts the caller writes (rows and slices digests,
+            :mod:`mlflow_rag_eval.tracking.seal`); the lineage's digest and the metric
+            directions are sealed here, with the other params.
     """
     client = client or MlflowClient()
     judge = figures.judge
@@ -345,6 +354,11 @@ def log_run_level(
         **_panel_params(judge),
         **(extra_params or {}),
     }
+    # Redacted before it is sealed: the digest is of the text the run holds.
+    lineage_doc = redact_strings(lineage(figures))
+    lineage_text = json.dumps(lineage_doc, indent=2)
+    params.update({**(sealed or {}), seal.LINEAGE: seal.sha256(lineage_text), seal.DIRECTIONS: seal.directions_param(
+        {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage_doc["metrics"]})})
     tags = {
         **evaluation_run_tags(),
         **({MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id)} if table else {}),
@@ -362,8 +376,7 @@ def log_run_level(
         params=[Param(k, redact(str(v))[:6000]) for k, v in params.items()],
         tags=[RunTag(k, redact(v)) for k, v in tags.items()],
     )
-    lineage_doc = redact_strings(lineage(figures))
-    client.log_dict(run_id, lineage_doc, LINEAGE_FILE)
+    client.log_text(run_id, lineage_text, LINEAGE_FILE)
     return metrics, lineage_doc
 
 
@@ -386,21 +399,25 @@ def log_run_contents(
     # Computed first: a field no row has, or too many values, is refused before anything is logged.
     slices = compute_slices(result, slice_by) if slice_by else None
     figures = result.figures()
+    # MLflow's table format, written here rather than by MlflowClient.log_table, whose JSON
+    # keeps 10 significant digits: a row's score in the table must equal its assessment.
+    # Made before the params, which seal its digest (and the slices') onto the run; every text
+    # goes through the redactor on its way out, whatever produced it, before it is sealed.
+    table = redact_json_text(result.table(trace_ids).to_json(orient="split", index=False, double_precision=15))
+    slices_text = redact_json_text(slices.to_json()) if slices else None
     metrics, lineage_doc = log_run_level(
         figures, run_id, client, tags=tags, skip_metrics=skip_metrics,
         extra_metrics=slices.as_metrics() if slices else None,
         extra_params={SLICE_BY_PARAM: json.dumps(list(slice_by), ensure_ascii=False)} if slices else None,
+        sealed={seal.ROWS: seal.sha256(table),
+                seal.SLICES: seal.sha256(slices_text) if slices_text is not None else seal.NOT_SLICED},
     )
     result.calibration = figures.calibration
-    # MLflow's table format, written here rather than by MlflowClient.log_table, whose JSON
-    # keeps 10 significant digits: a row's score in the table must equal its assessment.
-    # Every text goes through the redactor on its way out, whatever produced it.
-    table = result.table(trace_ids).to_json(orient="split", index=False, double_precision=15)
-    client.log_text(run_id, redact_json_text(table), TABLE_FILE)
+    client.log_text(run_id, table, TABLE_FILE)
     worst = redact_strings(worst_rows(result))
     # log_dict indents, which turns off the C JSON encoder: 3x slower on 10k rows.
     client.log_text(run_id, json.dumps(worst, default=str), WORST_ROWS_FILE)
-    if slices:
-        client.log_text(run_id, redact_json_text(slices.to_json()), SLICES_FILE)
+    if slices_text is not None:
+        client.log_text(run_id, slices_text, SLICES_FILE)
     client.log_text(run_id, redact(render_report(result, lineage_doc, worst=worst, slices=slices)), REPORT_FILE)
     return metrics

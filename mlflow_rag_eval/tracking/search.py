@@ -1,12 +1,11 @@
 """Finding what the gate judges: a model version's evaluation runs, the champion, calibrations.
 
-Everything is found by MLflow search on tags, across every active experiment, so evaluation
-and calibration runs may live in any experiment:
+Calibrations are found by MLflow search on tags across every active experiment; a version's
+evaluations only where the registry points:
 
-- a version's evaluations: ``tags.`rag_eval.model_id` = '<model id>' and
-  tags.`rag_eval.evaluated` = 'true'`` (the evaluator tags each run with the logged model it
-  evaluated; a registered version's model id is ``mv.model_id`` or its ``models:/<id>``
-  source); when none is found, the version's own ``mv.run_id`` if that run is evaluated;
+- a version's evaluations are its own (:func:`evaluation_runs`): ``mv.run_id`` when it is an
+  evaluation, else the runs of the version's logged model (``mv.model_id`` or its
+  ``models:/<id>`` source) in that model's experiment which name it as their model input;
 - calibrations: ``tags.`rag_eval.calibration` = 'true'`` with the metric, the judge
   fingerprint and the prompts version as tags.
 
@@ -24,7 +23,7 @@ import re
 from typing import Any
 
 __all__ = [
-    "CALIBRATION_TAG", "UnsearchableValue", "calibration_records", "champion_version", "evaluation_runs",
+    "CALIBRATION_TAG", "GATED_ALIAS_TAG", "UnsearchableValue", "gated_alias_holder", "calibration_records", "champion_version", "evaluation_runs",
     "find_calibration",
     "model_aliases", "model_id_of", "search_all_experiments", "unusable_state",
 ]
@@ -89,30 +88,71 @@ def model_id_of(mv) -> str | None:
     return match.group(1) if match else None
 
 
+def _on_digest(run, dataset_digest: str | None) -> bool:
+    """Whether ``run`` evaluated the dataset ``dataset_digest`` (None: any), by its param, which
+    cannot change once logged (its tag can)."""
+    if not dataset_digest:
+        return True
+    params, tags = run.data.params, run.data.tags
+    return params.get("rag_eval.dataset_digest", tags.get("rag_eval.dataset_digest")) == dataset_digest
+
+
+def _is_evaluation(run) -> bool:
+    return run.data.tags.get("rag_eval.evaluated") == "true"
+
+
 def evaluation_runs(client, mv, dataset_digest: str | None = None) -> list:
-    """The version's evaluation runs, newest first, optionally only on one dataset digest; in
-    every state (see the module docstring): the caller checks :func:`unusable_state`."""
-    clauses = ["tags.`rag_eval.evaluated` = 'true'"]
-    if dataset_digest:
-        clauses.append(f"tags.`rag_eval.dataset_digest` = {_literal(dataset_digest)}")
-    runs = []
-    model_id = model_id_of(mv)
-    if model_id:
-        filt = " and ".join([f"tags.`rag_eval.model_id` = {_literal(model_id)}", *clauses])
-        runs = search_all_experiments(client, filt, every_state=True)
-    if not runs and mv.run_id:
+    """The version's own evaluation runs, newest first, optionally only on one dataset digest
+    (by param); in every state (see the module docstring): the caller checks :func:`unusable_state`.
+
+    A version's own run is named by the registry, never chosen by a search across experiments:
+
+    1. ``mv.run_id``, when that run is an evaluation (a version registered from its evaluation run);
+    2. else the logged model's: its ``source_run_id`` when that run is an evaluation, else the
+       evaluation runs *in the logged model's experiment* that name it as their model input (the
+       evaluator logs ``LoggedModelInput`` and tags ``rag_eval.model_id``). A run elsewhere that
+       claims the model by tag is not the version's, however it is tagged.
+    """
+    if mv.run_id:
         run = client.get_run(mv.run_id)
-        tags = run.data.tags
-        if tags.get("rag_eval.evaluated") == "true" and (
-            not dataset_digest or tags.get("rag_eval.dataset_digest") == dataset_digest
-        ):
-            runs = [run]
-    return runs
+        if _is_evaluation(run):
+            return [run] if _on_digest(run, dataset_digest) else []
+    model_id = model_id_of(mv)
+    if not model_id:
+        return []
+    model = client.get_logged_model(model_id)
+    source = getattr(model, "source_run_id", None)
+    if source and source != mv.run_id:
+        run = client.get_run(source)
+        if _is_evaluation(run):
+            return [run] if _on_digest(run, dataset_digest) else []
+    from mlflow.entities import ViewType
+
+    found = client.search_runs(
+        [model.experiment_id],
+        f"tags.`rag_eval.model_id` = {_literal(model_id)} and tags.`rag_eval.evaluated` = 'true'",
+        run_view_type=ViewType.ALL, max_results=50, order_by=["attributes.start_time DESC"])
+    runs = []
+    for hit in found:
+        run = client.get_run(hit.info.run_id)  # search results leave the run's model inputs out
+        inputs = getattr(run.inputs, "model_inputs", None) or []
+        if any(i.model_id == model_id for i in inputs) and _on_digest(run, dataset_digest):
+            runs.append(run)
+    return sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True)
 
 
 def model_aliases(client, model: str) -> dict[str, str]:
     """Every alias set on ``model``, mapped to the version holding it."""
     return {str(a): str(v) for a, v in (client.get_registered_model(model).aliases or {}).items()}
+
+
+#: registered model tag ``rag_eval.gate.alias.<alias>``: the version the gate last gave ``<alias>``
+GATED_ALIAS_TAG = "rag_eval.gate.alias"
+
+
+def gated_alias_holder(client, model: str, alias: str) -> str | None:
+    """The version the gate last moved ``alias`` to (its registered model tag), or None."""
+    return (client.get_registered_model(model).tags or {}).get(f"{GATED_ALIAS_TAG}.{alias}")
 
 
 def champion_version(client, model: str, alias: str):

@@ -100,3 +100,32 @@ def _candidate(name: str, data: pd.DataFrame, judge) -> tuple[str, str]:
 
 def _decision_json(client, run_id: str) -> dict:
     return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/rag_eval/gate_decision.json"))
+
+
+def _labelled(flip: bool = False) -> pd.DataFrame:
+    """Faithful (label 1) and unfaithful (label 0) answers on the same contexts."""
+    rows = []
+    for i in range(12):
+        rows.append({"answer": PASSAGES[i], "contexts": [PASSAGES[i]], "label": 0 if flip else 1})
+        rows.append({"answer": _wrong(i), "contexts": [PASSAGES[i]], "label": 1 if flip else 0})
+    return pd.DataFrame(rows)
+
+
+def _sliced_version(name: str, *, bad_hard: bool, slice_by=("difficulty",)) -> tuple[str, str]:
+    """A registered version evaluated on retrieval metrics (no judge) with a ``difficulty``
+    column: every third row is hard; ``bad_hard`` ranks the relevant passage last on those."""
+    data = _predictions()
+    data["difficulty"] = ["hard" if i % 3 == 0 else "easy" for i in range(N)]
+    if bad_hard:
+        data["contexts"] = [[*DISTRACTORS, c[0]] if i % 3 == 0 else c for i, c in enumerate(data.contexts)]
+    version, model_id = _register(name)
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", model_id=model_id,
+                               evaluator_config={"metrics": ["mrr", "hit@5"], "slice_by": list(slice_by),
+                                                 "log_traces": False})
+    return version, run.info.run_id
+
+
+SLICED_POLICY = {"require_metrics": ["mrr"], "min_scored_rows": 5, "max_error_rate": 0.0,
+                 "slice_floors": {"difficulty": {"*": {"mrr/mean": 0.5}, "hard": {"mrr/mean": 0.9}}},
+                 "max_regression": {"mrr": 1.0}, "calibration": {"required": False}}

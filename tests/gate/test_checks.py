@@ -165,7 +165,12 @@ def test_decide_on_test_refuses_a_real_drop_and_reports_raw_and_adjusted_p(corre
     assert [p_values[m][0] for m in metrics] == raw
     assert [p_values[m][1] for m in metrics] == (holm(raw) if correction == "holm" else raw)
     checks = {m: regression_check(m, champion, candidate, deltas[m], policy, p_values[m]) for m in metrics}
-    assert not checks["faithfulness"].passed and "drop beyond 0.02 is significant" in checks["faithfulness"].reason
+    # the whole CI lies below the margin: refused on it, whatever the p-value; with Holm over three
+    # metrics, the CI that refuses is widened as the correction is (Bonferroni, 98.33%)
+    reason = checks["faithfulness"].reason
+    shown = "98.33% CI (Bonferroni over 3 metrics)" if correction == "holm" else "95% CI"
+    assert not checks["faithfulness"].passed and f"faithfulness regressed: the whole {shown} [" in reason
+    assert "] lies below -0.02" in reason
     assert checks["mrr"].passed and checks["hit_at_5"].passed
     label = "Holm-adjusted" if correction == "holm" else "uncorrected"
     assert f"regression p={raw[1]:.3g} ({label} {p_values['mrr'][1]:.3g})" in checks["mrr"].detail
@@ -179,19 +184,26 @@ def test_holm_is_the_step_down_formula():
 
 
 def test_an_undefined_calibration_names_its_metric(tracking_uri):
-    """A gate refusing several metrics' calibrations says which one each reason is about."""
-    import math
-
+    """A gate refusing several metrics' calibrations says which one each reason is about; the
+    figures are the ones recomputed from the labels (here: constant scores), not the run's metrics."""
     import mlflow
+    import pandas as pd
 
+    from mlflow_rag_eval.calibration.calibrate import _result
     from mlflow_rag_eval.gate.checks import calibration_check
 
     with mlflow.start_run() as run:
-        mlflow.log_metrics({"calibration/spearman": math.nan, "calibration/n_scored": 8})
-    check = calibration_check("faithfulness", mlflow.get_run(run.info.run_id), "fp", load_policy(
-        {"require_metrics": ["faithfulness"]}))
+        mlflow.log_metrics({"calibration/spearman": 0.99, "calibration/n_scored": 8})
+    rows = pd.DataFrame({"label": [0.0, 1.0] * 4, "score": [1.0] * 8, "status": ["scored"] * 8})
+    recomputed = _result(rows, metric="faithfulness", judge="j", judge_fingerprint="fp", prompts_version="p",
+                         threshold=0.5, label_threshold=0.5, n_boot=50, seed=0, labels_digest="d")
+    policy = load_policy({"require_metrics": ["faithfulness"]})
+    check = calibration_check("faithfulness", mlflow.get_run(run.info.run_id), "fp", policy, recomputed)
     assert not check.passed
     assert check.reason == "faithfulness: calibration rho is undefined on 8 labels (constant scores or labels)"
+    unreadable = calibration_check("faithfulness", mlflow.get_run(run.info.run_id), "fp", policy, "rows gone")
+    assert unreadable.reason == (f"faithfulness: calibration run {run.info.run_id} cannot be recomputed from its "
+                                 "labels (rows gone)")
 
 
 # -- worst10_mean: the floor that guards the worst rows --------------------------------------------

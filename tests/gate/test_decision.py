@@ -4,10 +4,16 @@ what each decision records."""
 
 from __future__ import annotations
 
-import mlflow
-import pandas as pd
 import pytest
-from gate_support import DISTRACTORS, PASSAGES, POLICY, N, _candidate, _decision_json, _predictions, _register, _wrong
+from gate_support import (
+    POLICY,
+    SLICED_POLICY,
+    _candidate,
+    _decision_json,
+    _labelled,
+    _predictions,
+    _sliced_version,
+)
 
 from mlflow_rag_eval.gate import GateDecision, calibrate, gate
 from mlflow_rag_eval.gate.checks import Check
@@ -17,15 +23,6 @@ pytest_plugins = ["gate_support"]  # its fixture: registry, a fresh sqlite regis
 
 
 # -- decisions -------------------------------------------------------------------------------------
-def _labelled(flip: bool = False) -> pd.DataFrame:
-    """Faithful (label 1) and unfaithful (label 0) answers on the same contexts."""
-    rows = []
-    for i in range(12):
-        rows.append({"answer": PASSAGES[i], "contexts": [PASSAGES[i]], "label": 0 if flip else 1})
-        rows.append({"answer": _wrong(i), "contexts": [PASSAGES[i]], "label": 1 if flip else 0})
-    return pd.DataFrame(rows)
-
-
 def test_a_regressed_candidate_is_refused_and_the_alias_stays(registry, local_judge):
     champion, champion_run = _candidate("rag", _predictions(), local_judge)
     assert gate("rag", champion, POLICY).passed
@@ -176,26 +173,6 @@ def test_the_decision_table_is_the_shared_text_table():
 
 
 # -- per-slice limits, end to end ------------------------------------------------------------------
-def _sliced_version(name: str, *, bad_hard: bool, slice_by=("difficulty",)) -> tuple[str, str]:
-    """A registered version evaluated on retrieval metrics (no judge) with a ``difficulty``
-    column: every third row is hard; ``bad_hard`` ranks the relevant passage last on those."""
-    data = _predictions()
-    data["difficulty"] = ["hard" if i % 3 == 0 else "easy" for i in range(N)]
-    if bad_hard:
-        data["contexts"] = [[*DISTRACTORS, c[0]] if i % 3 == 0 else c for i, c in enumerate(data.contexts)]
-    version, model_id = _register(name)
-    with mlflow.start_run() as run:
-        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", model_id=model_id,
-                               evaluator_config={"metrics": ["mrr", "hit@5"], "slice_by": list(slice_by),
-                                                 "log_traces": False})
-    return version, run.info.run_id
-
-
-SLICED_POLICY = {"require_metrics": ["mrr"], "min_scored_rows": 5, "max_error_rate": 0.0,
-                 "slice_floors": {"difficulty": {"*": {"mrr/mean": 0.5}, "hard": {"mrr/mean": 0.9}}},
-                 "max_regression": {"mrr": 1.0}, "calibration": {"required": False}}
-
-
 def test_per_slice_floors_decide_the_gate(registry):
     version, _ = _sliced_version("sliced", bad_hard=False)
     first = gate("sliced", version, SLICED_POLICY)

@@ -161,3 +161,51 @@ def test_the_cli_refuses_a_duplicate_key_and_an_alias_bomb_in_one_line(registry,
         assert "a policy has no use for anchors and aliases" in line
         assert seconds < 2.0 and peak < 2_000_000, (seconds, peak)
     assert not registry.search_registered_models()  # nothing recorded
+
+
+# -- what a policy path may be: a regular file, at most 1 MB ----------------------------------------
+def _load_refused(path) -> str:
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    return str(info.value)
+
+
+def test_a_policy_path_to_a_device_is_refused_without_reading_it(tmp_path):
+    """A symlink to /dev/zero read until memory ran out (exit 3 after 13 s under a 4 GB limit)."""
+    link = tmp_path / "gate.yaml"
+    link.symlink_to("/dev/zero")
+    start = time.monotonic()
+    message = _load_refused(link)
+    assert time.monotonic() - start < 1.0
+    assert message == (f"gate policy: {link}: {link} (-> /dev/zero) is a character device: a policy must be a "
+                       "regular file")
+
+
+def test_a_policy_path_to_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "gate.yaml"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    assert _load_refused(fifo) == f"gate policy: {fifo}: {fifo} is a FIFO (named pipe): a policy must be a regular file"
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_policy_file_over_one_megabyte_is_refused_unread(tmp_path):
+    big = tmp_path / "gate.yaml"
+    with open(big, "wb") as f:
+        f.write(b"require_metrics: [faithfulness]\n")
+        f.truncate(300 * 2**20)  # 300 MB, sparse
+    assert _load_refused(big) == (f"gate policy: {big}: the policy file is {300 * 2**20} bytes, over the 1048576 byte "
+                                  "limit: a policy is a few dozen lines")
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    assert _load_refused(folder).endswith(f"{folder} is a folder: a policy must be a regular file")
+
+
+def test_a_policy_behind_a_symlink_to_a_regular_file_is_read(tmp_path):
+    real = tmp_path / "real.yaml"
+    real.write_text("require_metrics: [faithfulness]\n")
+    link = tmp_path / "gate.yaml"
+    link.symlink_to(real)
+    assert load_policy(link).require_metrics == ("faithfulness",)
