@@ -3,8 +3,8 @@
 MLflow has no lock, and two cron runs scoring the same traces would judge and write every
 trace twice. A lease is the tag ``<name>`` = ``{"owner", "expires_ms"}`` (JSON) on the
 experiment: a run takes it when it is free or expired, waits ``settle_s`` and reads it back
-(tags are last-writer-wins: of two runs that took it at once, the one whose write is read back
-holds it), and :meth:`ExperimentLease.check` reads it again before each write, renewing it, so a
+(tags are last-writer-wins, and a SQL store may refuse the second of two writes at once: of
+two runs that took it together, the one whose write is read back holds it), and :meth:`ExperimentLease.check` reads it again before each write, renewing it, so a
 run whose lease expired and was taken stops before writing anything more. :meth:`release`
 deletes the tag. An owner is ``host:pid:random``, so a message can name who holds it.
 """
@@ -16,6 +16,8 @@ import os
 import secrets
 import socket
 import time
+
+from mlflow.exceptions import MlflowException
 
 __all__ = ["ExperimentLease", "LeaseHeld"]
 
@@ -64,7 +66,10 @@ class ExperimentLease:
         while True:
             held = self._held()
             if held is None or held.get("owner") == self.owner or held["expires_ms"] <= _now_ms():
-                self._write()
+                try:
+                    self._write()
+                except MlflowException:  # a store refusing two writes of the tag at once: one won
+                    pass
                 time.sleep(self.settle_s)
                 held = self._held()
                 if held is not None and held.get("owner") == self.owner:
