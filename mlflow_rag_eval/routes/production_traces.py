@@ -571,7 +571,9 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     for metric in suite.metrics:
         metric.validate([c.record for c in todo], ColumnMapping())
     budget = Budget(max_cost)
-    estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge, done=done)
+    cached = _answered_by_cache(suite, todo, done)
+    estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge,
+                             done=[d | c for d, c in zip(done, cached)])
     budget.check(estimate, judge=suite.judge)  # BudgetExceeded: before any judge call, nothing written
     usage_before = _judge_usage(suite.judge)
     outcome = TracesEvaluation(experiment_id, None, reading.read, [], dict(reading.skipped), estimate, budget, tag,
@@ -586,6 +588,30 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
         client.set_experiment_tag(experiment_id, tag, str(outcome.checkpoint_ms))
     print(outcome.summary_text(), file=sys.stderr)
     return outcome
+
+
+def _answered_by_cache(suite: Suite, todo: Sequence[_Candidate], done: Sequence[set[str]]) -> list[set[str]]:
+    """Per candidate, the judged metrics whose every LLM call the judge cache answers: they
+    cost nothing, so the estimate (and the cap) leaves them out. Found by scoring them once in
+    the judges' cache probe (a call not cached fails at once, no provider is asked, the usage
+    is left as it was)."""
+    out: list[set[str]] = [set() for _ in todo]
+    judges = llm_judges(suite.judge)
+    if not judges or not todo:
+        return out
+    with contextlib.ExitStack() as probes:
+        for judge in judges:
+            probes.enter_context(judge.cache_probe())
+        for metric in (m for m in suite.metrics if m.primitives):
+            members = [i for i, c in enumerate(todo) if metric.display_name not in done[i]
+                       and metric.not_applicable(c.record) is None]
+            if not members:
+                continue
+            got, _ = score_records(Suite([metric], suite.judge, default=False), [todo[i].record for i in members])
+            for i, row in zip(members, got[metric.display_name]):
+                if row.status == "scored":
+                    out[i].add(metric.display_name)
+    return out
 
 
 def _lag_ms(lag) -> int:

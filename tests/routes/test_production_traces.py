@@ -467,3 +467,45 @@ def test_a_server_that_does_not_answer_like_mlflow_is_an_error(tmp_path):
         server.shutdown()
     assert result.exit_code == 2, result.output
     assert "does not answer like MLflow" in result.output
+
+
+def test_the_estimate_counts_only_what_the_judge_cache_cannot_answer(app, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("MLFLOW_RAG_EVAL_CACHE_DIR", str(tmp_path / "judge_cache"))
+    app.serve(QUESTIONS[:3])
+    with FakeJudgeServer(model="gpt-4o-mini") as server:
+        def judge():
+            return get_judge(f"openai:/gpt-4o-mini?base_url={server.base_url}")  # the reply cache on
+
+        first = evaluate_traces("tests", metrics=["faithfulness"], judge=judge())
+        calls = server.calls
+        assert first.estimate.cost_usd > 0 and calls >= 3 and first.spending["calls"] == calls
+        app.serve(QUESTIONS[:3])  # the same requests again: the cache holds every reply
+        again = evaluate_traces("tests", metrics=["faithfulness"], judge=judge(),
+                                max_cost=first.estimate.cost_usd / 10)  # refused before, though it costs 0
+    assert again.estimate.cost_usd == 0 and again.estimate.calls == 0 and len(again.scored) == 3
+    assert server.calls == calls and again.spending["calls"] == 0 and again.spending["cache_hits"] == calls
+
+
+def test_replies_without_usage_are_charged_at_the_estimate_and_the_cap_holds(app, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    app.serve(QUESTIONS[:10])
+    content = json.dumps({"claims": [{"claim": "The fare is 5 euros.", "supported": True, "reason": "stated",
+                                      "evidence": None, "passage": 0}]})
+    no_usage = Reply(body={"id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": content}}]})
+    with FakeJudgeServer(model="gpt-4o-mini", reply=no_usage) as server:
+        probe = _llm(server)
+        records = [record_from_trace(t) for t in MlflowClient().search_traces(locations=[_experiment_id()],
+                                                                            max_results=10)]
+        suite = prepare_suite(["faithfulness"], probe, {"answer", "contexts"})
+        estimate = estimate_cost(suite.metrics, records, probe)
+        per_call = estimate.cost_usd / estimate.calls
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=1.2 * estimate.cost_usd)
+    assert out.spending["usage_unknown"] == out.spending["calls"] == server.calls == 10
+    assert out.budget.spent == pytest.approx(server.calls * per_call) == pytest.approx(estimate.cost_usd)  # never $0
+    assert len(out.scored) == 10 and out.budget.stopped is None
+    assert MlflowClient().get_run(out.run_id).data.tags["rag_eval.budget.spent_usd"] == f"{out.budget.spent:.6f}"
+    err = capsys.readouterr().err
+    assert "judge: 10 calls, 0 cache hits" in err and "(10 replies without usage, charged at the estimate)" in err
