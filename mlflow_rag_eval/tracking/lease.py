@@ -94,4 +94,8 @@ class ExperimentLease:
         """Delete the tag if it is still ours."""
         held = self._held()
         if held is not None and held.get("owner") == self.owner:
-            self.client.delete_experiment_tag(self.experiment_id, self.name)
+            try:
+                self.client.delete_experiment_tag(self.experiment_id, self.name)
+            except MlflowException:  # a server without DeleteExperimentTag: the lease expired now
+                self.client.set_experiment_tag(self.experiment_id, self.name,
+                                               json.dumps({"owner": self.owner, "expires_ms": 0}))
