@@ -51,7 +51,6 @@ actual spend.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import hashlib
 import heapq
@@ -68,20 +67,27 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus, TraceState
 
 from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost, llm_judges
-from mlflow_rag_eval.evaluation.engine import no_judge, score_records
+from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
-from mlflow_rag_eval.results import MetricResult, RowResult
 from mlflow_rag_eval.routes.trace_reading import UnreadableTrace, prior_verdicts, record_from_trace, root_span
-from mlflow_rag_eval.stats import SEED
+from mlflow_rag_eval.routes.trace_scoring import (
+    ALREADY_SCORED,
+    RETRY_TAG,
+    TraceScorer,
+    answered_by_cache,
+    judge_usage,
+    metric_result,
+    set_retry_tags,
+)
 from mlflow_rag_eval.tracking.lease import ExperimentLease, LeaseHeld
 from mlflow_rag_eval.tracking.run_logging import announce, log_run_contents
 from mlflow_rag_eval.tracking.trace_pages import Undecodable, combined_filter, pages_by_time, trace_end_ms
-from mlflow_rag_eval.tracking.traces import ROW_METADATA, link_traces, log_assessments_on_live_traces, row_feedback
+from mlflow_rag_eval.tracking.traces import ROW_METADATA, link_traces
 
 __all__ = ["CHECKPOINT_TAG", "LEASE_TAG", "LeaseHeld", "RETRY_TAG", "TrackingServerError", "TracesEvaluation",
            "UnreadableTrace", "checkpoint_tag", "evaluate_traces", "parse_since", "record_from_trace",
@@ -91,8 +97,6 @@ __all__ = ["CHECKPOINT_TAG", "LEASE_TAG", "LeaseHeld", "RETRY_TAG", "TrackingSer
 CHECKPOINT_TAG = "mlflow_rag_eval.traces_checkpoint."
 #: experiment tag prefix of the leases (the same hash as the checkpoint's)
 LEASE_TAG = "mlflow_rag_eval.traces_lease."
-#: trace tag of a trace to read again on the next ``since_last`` run
-RETRY_TAG = "mlflow_rag_eval.retry"
 #: traces per search page (and per scored share: the budget is checked between them)
 PAGE_SIZE = 100
 #: the lag window: the longest a request runs plus the time its trace takes to land
@@ -100,7 +104,6 @@ DEFAULT_LAG = "10m"
 #: seconds a lease lasts unless renewed (each write renews it when half is gone)
 LEASE_TTL_S = 600.0
 TRACES_FILE = "rag_eval/traces.json"
-ALREADY_SCORED = "already scored by this judge (the trace carries the Feedback)"
 
 
 # --------------------------------------------------------------------------- reading and sampling
@@ -280,106 +283,6 @@ def _new_checkpoint(reading: _Reading, unscored: Sequence[_Candidate], old: int 
     return max(known) if known else None
 
 
-# --------------------------------------------------------------------------- scoring in place
-
-
-class _Scorer:
-    """Scores the candidates a share at a time, each trace by the metrics it lacks, and puts
-    every verdict on its trace at once (what was scored stays scored if the run stops).
-
-    Under a cap with a paid judge a share is one trace: before its judge calls, the spend so
-    far plus its estimate (scaled up by how much dearer than estimated the replies have been)
-    must fit under the cap (:meth:`Budget.allows`), and the lease is checked before its write."""
-
-    def __init__(self, suite: Suite, budget: Budget, client, run_id: str, progress: bool, lease: ExperimentLease):
-        self.suite, self.budget, self.client, self.run_id, self.progress = suite, budget, client, run_id, progress
-        self.lease = lease
-        self.rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite.metrics}
-        self.scored: list[_Candidate] = []
-        self.gone: list[str] = []
-        self.failed: list[str] = []
-        self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
-        self._estimated_settled = 0.0
-
-    def _dearer(self) -> float:
-        """How much dearer than estimated the replies settled so far were (at least 1)."""
-        spent = self.budget.spent
-        return max(1.0, spent / self._estimated_settled) if self._estimated_settled > 0 else 1.0
-
-    def score(self, candidates: Sequence[_Candidate], row_costs: Sequence[float], share: int) -> list[_Candidate]:
-        """Score every share the budget allows; returns the candidates left unscored."""
-        per_call = self.budget.max_cost is not None and any(row_costs)
-        step = 1 if per_call else share
-        for start in range(0, len(candidates), step):
-            chunk = candidates[start : start + step]
-            cost = sum(row_costs[start : start + step])
-            if not self.budget.allows(cost * self._dearer(), len(candidates) - start):
-                return list(candidates[start:])
-            self._score_share(chunk)
-            self._estimated_settled += cost
-        return []
-
-    def _score_share(self, chunk: Sequence[_Candidate]) -> None:
-        groups: dict[tuple[str, ...], list[int]] = {}
-        for i, c in enumerate(chunk):
-            todo = tuple(m.display_name for m in self.suite.metrics if m.display_name not in c.done)
-            groups.setdefault(todo, []).append(i)
-        rows: dict[str, list[RowResult | None]] = {m.display_name: [None] * len(chunk) for m in self.suite.metrics}
-        for todo, members in groups.items():
-            sub = Suite([m for m in self.suite.metrics if m.display_name in todo], self.suite.judge, default=False)
-            got, seconds = score_records(sub, [chunk[i].record for i in members], progress=self.progress)
-            for name, results in got.items():
-                self.timings[name] += seconds.get(name, 0.0)
-                for i, row in zip(members, results):
-                    rows[name][i] = row
-        info = self.suite.judge.info() if self.suite.judge is not None else no_judge()
-        by_trace: dict[str, list] = {c.trace_id: [] for c in chunk}
-        results = {m.display_name: _metric_result(m, [r or RowResult.not_applicable(ALREADY_SCORED)
-                                                      for r in rows[m.display_name]]) for m in self.suite.metrics}
-        errored: set[str] = set()
-        for metric in self.suite.metrics:
-            for c, row in zip(chunk, results[metric.display_name].rows):
-                made = row_feedback(results[metric.display_name], row, judge=info if metric.primitives else None,
-                                    trace_id=c.trace_id, span_id=c.span_id, run_id=self.run_id)
-                if made is None:  # None: not applicable (or scored before)
-                    continue
-                if metric.display_name in c.failed:  # the failed Feedback is marked invalid by MLflow
-                    made.overrides = c.failed[metric.display_name]
-                if row.status == "error":
-                    errored.add(c.trace_id)
-                by_trace[c.trace_id].append(made)
-        self.lease.check()  # before any write: a run that lost its lease writes nothing more
-        gone = log_assessments_on_live_traces(self.client, by_trace)
-        self.gone += sorted(gone)
-        for k, c in enumerate(chunk):
-            if c.trace_id in gone:
-                continue
-            for metric in self.suite.metrics:
-                self.rows[metric.display_name].append(results[metric.display_name].rows[k])
-            self.scored.append(c)
-            if c.trace_id in errored:
-                self.failed.append(c.trace_id)
-        set_retry_tags(self.client, [c.trace_id for c in chunk if c.trace_id in errored and not c.tagged_retry],
-                       [c.trace_id for c in chunk if c.trace_id not in errored and c.tagged_retry
-                        and c.trace_id not in gone])
-
-
-def _metric_result(metric: Metric, rows: Sequence[RowResult]) -> MetricResult:
-    return MetricResult(name=metric.display_name, spec=metric.spec(), rows=tuple(rows),
-                        greater_is_better=metric.greater_is_better, judged=bool(metric.primitives), seed=SEED)
-
-
-def set_retry_tags(client, tag: Sequence[str], untag: Sequence[str]) -> None:
-    """Tag traces to read again on the next ``since_last`` run (:data:`RETRY_TAG`), untag the
-    ones that were scored; a trace deleted meanwhile is left alone."""
-    for trace_id in tag:
-        with contextlib.suppress(Exception):
-            client.set_trace_tag(trace_id, RETRY_TAG, "true")
-    for trace_id in untag:
-        with contextlib.suppress(Exception):
-            client.delete_trace_tag(trace_id, RETRY_TAG)
-
-
 # --------------------------------------------------------------------------- the route
 
 
@@ -445,7 +348,7 @@ def _experiment_id(client, experiment: str) -> str:
     only (an id that is also another experiment's name is refused as ambiguous)."""
     from mlflow.exceptions import MlflowException
 
-    uri = getattr(client, "tracking_uri", None) or getattr(client, "_tracking_client", None)
+    uri = getattr(client, "tracking_uri", "the tracking URI")
     text = str(experiment)
     kind, _, value = text.partition(":")
     if kind in ("id", "name") and value:
@@ -571,11 +474,11 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     for metric in suite.metrics:
         metric.validate([c.record for c in todo], ColumnMapping())
     budget = Budget(max_cost)
-    cached = _answered_by_cache(suite, todo, done)
+    cached = answered_by_cache(suite, todo, done)
     estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge,
                              done=[d | c for d, c in zip(done, cached)])
     budget.check(estimate, judge=suite.judge)  # BudgetExceeded: before any judge call, nothing written
-    usage_before = _judge_usage(suite.judge)
+    usage_before = judge_usage(suite.judge)
     outcome = TracesEvaluation(experiment_id, None, reading.read, [], dict(reading.skipped), estimate, budget, tag,
                                old, since_ms, unreadable=dict(reading.unreadable))
     unscored: list[_Candidate] = []
@@ -588,30 +491,6 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
         client.set_experiment_tag(experiment_id, tag, str(outcome.checkpoint_ms))
     print(outcome.summary_text(), file=sys.stderr)
     return outcome
-
-
-def _answered_by_cache(suite: Suite, todo: Sequence[_Candidate], done: Sequence[set[str]]) -> list[set[str]]:
-    """Per candidate, the judged metrics whose every LLM call the judge cache answers: they
-    cost nothing, so the estimate (and the cap) leaves them out. Found by scoring them once in
-    the judges' cache probe (a call not cached fails at once, no provider is asked, the usage
-    is left as it was)."""
-    out: list[set[str]] = [set() for _ in todo]
-    judges = llm_judges(suite.judge)
-    if not judges or not todo:
-        return out
-    with contextlib.ExitStack() as probes:
-        for judge in judges:
-            probes.enter_context(judge.cache_probe())
-        for metric in (m for m in suite.metrics if m.primitives):
-            members = [i for i, c in enumerate(todo) if metric.display_name not in done[i]
-                       and metric.not_applicable(c.record) is None]
-            if not members:
-                continue
-            got, _ = score_records(Suite([metric], suite.judge, default=False), [todo[i].record for i in members])
-            for i, row in zip(members, got[metric.display_name]):
-                if row.status == "scored":
-                    out[i].add(metric.display_name)
-    return out
 
 
 def _lag_ms(lag) -> int:
@@ -643,19 +522,6 @@ def _check_arguments(since, since_last: bool, sample, fraction, page_size: int) 
         raise ValueError(f"page_size must be >= 1, got {page_size!r}")
 
 
-def _judge_usage(judge) -> dict[str, Any]:
-    """The judge's running usage figures (summed over a panel's LLM members)."""
-    totals = {"calls": 0, "cache_hits": 0, "tokens_in": 0, "tokens_out": 0, "usage_unknown": 0}
-    for member in llm_judges(judge):
-        usage = member.usage_
-        totals["calls"] += usage.provider_calls
-        totals["cache_hits"] += usage.cache_hits
-        totals["tokens_in"] += usage.tokens_in
-        totals["tokens_out"] += usage.tokens_out
-        totals["usage_unknown"] += usage.usage_unknown
-    return totals
-
-
 def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[_Candidate], reading: _Reading,
                     slice_by, run_name, page_size: int, progress, lease: ExperimentLease, *, filter_string,
                     usage_before: dict[str, Any]) -> list[_Candidate]:
@@ -667,7 +533,7 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
     run = client.create_run(outcome.experiment_id, run_name=run_name or f"traces {stamp}")
     run_id = outcome.run_id = run.info.run_id
     try:
-        scorer = _Scorer(suite, outcome.budget, client, run_id, progress_wanted(progress), lease)
+        scorer = TraceScorer(suite, outcome.budget, client, run_id, progress_wanted(progress), lease)
         unscored = scorer.score(todo, outcome.estimate.row_costs, page_size)
         if unscored:
             outcome.skipped["not scored: the budget was reached"] = len(unscored)
@@ -675,7 +541,7 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
             outcome.skipped["deleted before its Feedback was written"] = len(scorer.gone)
         outcome.scored = [c.trace_id for c in scorer.scored]
         if llm_judges(suite.judge):  # a judge that calls no LLM spends nothing worth a line
-            now = _judge_usage(suite.judge)
+            now = judge_usage(suite.judge)
             outcome.spending = {k: now[k] - usage_before[k] for k in now}
             outcome.spending.update(estimated_usd=outcome.estimate.cost_usd or 0.0, spent_usd=outcome.budget.spent)
         outcome.result = _result(suite, scorer)
@@ -689,12 +555,12 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
     return unscored
 
 
-def _result(suite: Suite, scorer: _Scorer) -> EvaluationResult:
+def _result(suite: Suite, scorer: TraceScorer) -> EvaluationResult:
     records = [c.record for c in scorer.scored]
     judge = suite.judge
     return EvaluationResult(
         records=records,
-        metrics=[_metric_result(m, scorer.rows[m.display_name]) for m in suite.metrics],
+        metrics=[metric_result(m, scorer.rows[m.display_name]) for m in suite.metrics],
         judge=judge.info() if judge is not None else no_judge(),
         dataset_digest=dataset_digest(records),
         timings=scorer.timings,
