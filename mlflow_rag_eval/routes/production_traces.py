@@ -189,7 +189,7 @@ def _take(reading: _Reading, trace, suite: Suite, fingerprint: str, fraction: fl
     ts = int(info.request_time)
     tagged = RETRY_TAG in (info.tags or {})
     if isinstance(trace, Undecodable):
-        _unreadable(reading, info.trace_id, f"its spans cannot be decoded ({trace.error})", True, tagged)
+        _unreadable(reading, info.trace_id, f"it cannot be fetched or decoded ({trace.error})", True, tagged)
         return None
     if info.state == TraceState.IN_PROGRESS:
         reading.skipped["still in progress"] += 1

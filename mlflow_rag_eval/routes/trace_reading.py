@@ -176,8 +176,8 @@ def record_from_trace(trace) -> RagRecord:
     """The record a trace holds (see the module docstring); :class:`UnreadableTrace` naming
     why when it holds none."""
     root = root_span(trace)
-    if root is None:
-        raise UnreadableTrace("no root span")
+    if root is None:  # its spans may not have landed yet: read it again next time
+        raise UnreadableTrace("no root span", retry=True)
     question, answer = _question(root.inputs), _answer(root.outputs)
     if not question or not question.strip():
         raise UnreadableTrace("no question in the root span's inputs")

@@ -6,10 +6,11 @@ while traces are written and deleted must read them.
   left out. A retention job deleting old traces between two pages moves no offset, so it skips
   nothing. (Only a millisecond holding more traces than a page goes on with MLflow's page
   token.)
-- **A trace that cannot be decoded costs itself, not its page**: MLflow decodes the spans of a
-  whole page at once, and one span whose stored content is not JSON fails the page. That page
-  is read again without spans and each of its traces fetched alone: the ones that cannot be
-  decoded are given as :class:`Undecodable` (trace id and error), the others as traces.
+- **A trace that cannot be decoded costs itself, not its page**: a page is the trace infos
+  (a search with spans drops, without a word, a trace whose spans have not landed yet), then
+  their traces in one batch; one span whose stored content is not JSON fails the batch, which is
+  then fetched one trace at a time: the ones that cannot be decoded are given as
+  :class:`Undecodable` (trace id and error), the others as traces.
 - The filter is MLflow's trace filter grammar, as ``search_traces`` takes it: comparisons joined
   by ``AND``, no parentheses and no ``OR`` (:func:`combined_filter` adds the time window
   the same way).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mlflow_rag_eval._util.mlflow_compat import search_traces
+from mlflow_rag_eval._util.mlflow_compat import batch_get_traces, search_traces
 
 __all__ = ["Undecodable", "combined_filter", "pages_by_time", "trace_end_ms"]
 
@@ -45,38 +46,25 @@ def trace_end_ms(info) -> int:
     return int(info.request_time) + int(info.execution_duration or 0)
 
 
-def _page(client, experiment_id: str, filter_string: str | None, page_size: int, token: str | None):
-    page = search_traces(client, experiment_id, filter_string=filter_string, max_results=page_size,
-                         order_by=["timestamp_ms ASC"], page_token=token, include_spans=True)
-    return list(page), page.token
+def _one(client, info):
+    try:
+        return client.get_trace(info.trace_id)
+    except Exception as exc:  # noqa: BLE001 - whatever MLflow raises decoding it: this trace's reason
+        return Undecodable(info, f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _page_one_by_one(client, experiment_id: str, filter_string: str | None, page_size: int, token: str | None):
-    """The same page, its traces fetched one at a time: the undecodable ones as :class:`Undecodable`."""
+def _read_page(client, experiment_id: str, filter_string: str | None, page_size: int, token: str | None):
+    """One page: the trace infos (what the paging goes by: a search with spans leaves out, without
+    a word, a trace whose spans have not landed), then their traces in one batch; a batch that
+    fails to decode, or lacks a trace, is fetched one trace at a time."""
     page = search_traces(client, experiment_id, filter_string=filter_string, max_results=page_size,
                          order_by=["timestamp_ms ASC"], page_token=token, include_spans=False)
-    out: list = []
-    for info_only in page:
-        info = info_only.info
-        try:
-            out.append(client.get_trace(info.trace_id))
-        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises decoding it: this trace's reason
-            out.append(Undecodable(info, f"{type(exc).__name__}: {str(exc)[:200]}"))
-    return out, page.token
-
-
-def _read_page(client, experiment_id, filter_string, page_size, token):
+    infos = [t.info for t in page]
     try:
-        return _page(client, experiment_id, filter_string, page_size, token)
-    except (ValueError, KeyError, TypeError) as first:  # a span's content that does not decode
-        try:
-            return _page_one_by_one(client, experiment_id, filter_string, page_size, token)
-        except Exception:
-            raise first from None
-    except Exception as first:  # noqa: BLE001 - MlflowException "span data is corrupted" and the like
-        if "corrupt" not in str(first) and "decode" not in str(first).lower():
-            raise
-        return _page_one_by_one(client, experiment_id, filter_string, page_size, token)
+        got = {t.info.trace_id: t for t in batch_get_traces(client._tracing_client, [i.trace_id for i in infos])}
+    except Exception:  # noqa: BLE001 - one trace that does not decode fails the batch: each alone
+        got = {}
+    return [got.get(info.trace_id) or _one(client, info) for info in infos], page.token
 
 
 def pages_by_time(client, experiment_id: str, filter_string: str | None, *, after_ms: int | None,
@@ -92,7 +80,7 @@ def pages_by_time(client, experiment_id: str, filter_string: str | None, *, afte
         fresh = [i for i in items if i.info.trace_id not in seen_at_bound]
         if fresh:
             yield fresh
-        if len(items) < page_size or not items:
+        if not next_token or not items:  # the query's last page (a short page need not be the last)
             return
         newest = max(int(i.info.request_time) for i in items)
         if newest == bound_ms:  # a full page within one millisecond: MLflow's token goes on in it

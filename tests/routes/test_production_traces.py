@@ -344,7 +344,7 @@ def test_a_trace_whose_spans_do_not_decode_is_skipped_by_id_and_the_others_score
     _corrupt_spans(tracking_uri, bad)
     out = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, page_size=3)
     assert sorted(out.scored) == sorted(good)
-    (reason,) = [r for r in out.skipped if r.startswith("unreadable: its spans cannot be decoded")]
+    (reason,) = [r for r in out.skipped if r.startswith("unreadable: it cannot be fetched or decoded")]
     assert out.skipped[reason] == 1 and list(out.unreadable) == [bad]
     tagged = MlflowClient().search_traces(locations=[_experiment_id()], include_spans=False,
                                           filter_string="tags.`mlflow_rag_eval.retry` = 'true'")

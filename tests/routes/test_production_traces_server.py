@@ -21,7 +21,8 @@ METRICS = ["faithfulness", "context_relevance"]
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    with loopback_mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as (url, _artifacts):
+    # 180 s: on a loaded 2-core machine the server takes more than the default 60 s to come up
+    with loopback_mlflow_server(tmp_path_factory.mktemp("mlflow_server"), timeout_s=180) as (url, _artifacts):
         yield url
 
 
@@ -35,7 +36,7 @@ def experiment(server_url, request):
     mlflow.set_tracking_uri(None)
 
 
-def _serve(n: int) -> list[str]:
+def _serve(experiment: str, n: int) -> list[str]:
     ids = []
     for i in range(n):
         with mlflow.start_span("app") as root:
@@ -46,7 +47,23 @@ def _serve(n: int) -> list[str]:
             root.set_outputs({"answer": "A bike ticket costs 5 euros."})
         ids.append(root.trace_id)
     mlflow.flush_trace_async_logging()
+    _wait_written(experiment, ids)
     return ids
+
+
+def _wait_written(experiment: str, ids: list[str], timeout_s: float = 120.0) -> None:
+    """Until the server holds every trace, ended (a loaded server lands them late)."""
+    import time
+
+    client, deadline = MlflowClient(), time.monotonic() + timeout_s
+    experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
+    while time.monotonic() < deadline:
+        done = {t.info.trace_id for t in client.search_traces(locations=[experiment_id], max_results=500,
+                                                              include_spans=False, filter_string="trace.status = 'OK'")}
+        if done >= set(ids):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{len(set(ids) - done)} traces not written in {timeout_s:g} s")
 
 
 def _feedback_counts(client, trace_ids) -> Counter:
@@ -60,8 +77,8 @@ def _feedback_counts(client, trace_ids) -> Counter:
 
 
 def test_two_concurrent_runs_score_every_trace_once(experiment, local_judge):
-    ids = _serve(40)
-    results, errors = [], []
+    ids = _serve(experiment, 40)
+    results, errors, unexpected = [], [], []
 
     def run():
         try:
@@ -69,12 +86,17 @@ def test_two_concurrent_runs_score_every_trace_once(experiment, local_judge):
                                            page_size=10, client=MlflowClient()))
         except LeaseHeld as exc:
             errors.append(exc)
+        except Exception as exc:  # noqa: BLE001 - named in the assertion below
+            import traceback
+
+            unexpected.append("".join(traceback.format_exception(exc)))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not unexpected, unexpected[0]
     assert len(results) + len(errors) == 2
     scored = [t for r in results for t in r.scored]
     assert sorted(scored) == sorted(ids)  # each trace scored by one run only
@@ -84,7 +106,7 @@ def test_two_concurrent_runs_score_every_trace_once(experiment, local_judge):
 
 
 def test_a_run_exits_naming_the_holder_of_the_lease_or_waits_for_it(experiment, local_judge):
-    _serve(3)
+    _serve(experiment, 3)
     client = MlflowClient()
     probe = evaluate_traces(experiment, metrics=["faithfulness"], judge=local_judge, sample=1)
     lease_name = LEASE_TAG + probe.checkpoint_tag.rsplit(".", 1)[1]
@@ -119,7 +141,7 @@ class _RetentionJob(MlflowClient):
 
 
 def test_a_retention_job_deleting_between_pages_skips_no_live_trace(experiment, local_judge):
-    ids = _serve(30)
+    ids = _serve(experiment, 30)
     client = _RetentionJob(10, mlflow.get_experiment_by_name(experiment).experiment_id)
     out = evaluate_traces(experiment, metrics=["faithfulness"], judge=local_judge, page_size=10, client=client)
     live = [t for t in ids if t not in client.deleted]
@@ -142,7 +164,7 @@ class _DeletesBeforeWriting(MlflowClient):
 
 
 def test_a_trace_deleted_before_its_feedback_is_written_is_skipped_and_counted(experiment, local_judge):
-    ids = _serve(5)
+    ids = _serve(experiment, 5)
     out = evaluate_traces(experiment, metrics=["faithfulness"], judge=local_judge,
                           client=_DeletesBeforeWriting(ids[2]))
     assert sorted(out.scored) == sorted(ids[:2] + ids[3:])
