@@ -8,6 +8,17 @@ spans of one page at a time are in memory, so RSS grows with the records kept fo
 table (a few hundred bytes of text per trace), not with the traces.
 
     python bench/production_traces.py --n 10000 [--metrics faithfulness,context_relevance]
+
+``--cron`` (with ``--quick`` for 300 traces) is the job left to cron instead: N traces, then
+rounds of two concurrent ``evaluate_traces(since_last=True)`` processes on the same store
+(one waits for the other's lease), a retention job deleting the oldest traces every second
+while they page, and a priced fake judge on loopback whose replies carry long reasons (each
+reply dearer than its estimate) under ``--max-cost`` per run, until a round scores nothing.
+It prints each run's calls, spend and stop reason, and checks that every surviving trace has
+exactly one valid Feedback per metric and that no run spent more than its cap.
+
+    python bench/production_traces.py --cron --quick
+    python bench/production_traces.py --cron --n 10000
 """
 
 from __future__ import annotations
@@ -80,7 +91,17 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=10_000, help="traces to log and score")
     parser.add_argument("--metrics", default="faithfulness,context_relevance")
     parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--cron", action="store_true", help="the cron scenario (see the docstring)")
+    parser.add_argument("--quick", action="store_true", help="300 traces (a bounded run)")
+    parser.add_argument("--max-cost", type=float, default=None,
+                        help="--cron: USD cap of each run (default $0.0005 a trace: above the estimate of the whole "
+                             "backlog, so no run is refused, below what the long replies cost)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.n = 300
+    if args.cron:
+        cron(args)
+        return
 
     import mlflow
     from mlflow import MlflowClient
@@ -118,6 +139,148 @@ def main(argv=None) -> None:
     import resource
 
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+LONG_REASON = "The passage states it in so many words, and nothing in the other passages contradicts it. " * 12
+
+
+def _long_judge(model: str):
+    """A FakeJudgeServer whose replies carry long reasons and report their tokens (priced)."""
+    import json
+
+    from mlflow_rag_eval.testing import FakeJudgeServer
+
+    class LongReplies(FakeJudgeServer):
+        def _completion(self, body):
+            out = super()._completion(body)
+            reply = json.loads(out["choices"][0]["message"]["content"])
+            for item in reply.get("claims", []) + reply.get("verdicts", []):
+                if isinstance(item, dict) and "reason" in item:
+                    item["reason"] = LONG_REASON
+            text = json.dumps(reply)
+            out["choices"][0]["message"]["content"] = text
+            out["usage"]["completion_tokens"] = len(text) // 4
+            return out
+
+    return LongReplies(model=model)
+
+
+def _cron_run(uri: str, judge_url: str, metrics: list[str], max_cost: float, page_size: int, queue) -> None:
+    """One cron run in its own process: what it scored, spent and why it stopped."""
+    import mlflow
+
+    from mlflow_rag_eval.judges import get_judge
+    from mlflow_rag_eval.routes import production_traces as route
+
+    mlflow.set_tracking_uri(uri)
+    judge = get_judge(f"openai:/gpt-4o-mini?base_url={judge_url}", cache=False)
+    start = time.perf_counter()
+    try:
+        out = route.evaluate_traces("production", metrics=metrics, judge=judge, since_last=True, max_cost=max_cost,
+                                    page_size=page_size, progress=False, lease_wait=3600, lag=0)
+    except Exception as exc:  # noqa: BLE001 - reported by the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    queue.put({"scored": len(out.scored), "read": out.read, "seconds": time.perf_counter() - start,
+               "spent": out.budget.spent, "calls": out.spending.get("calls", 0), "stopped": out.budget.stopped,
+               "gone": out.skipped.get("deleted before its Feedback was written", 0)})
+
+
+def _retention(uri: str, experiment_id: str, stop, per_second: int, at_most: int, deleted: list) -> None:
+    """Delete the ``per_second`` oldest traces every second until ``stop`` is set (``at_most`` in all)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    while not stop.wait(1.0) and len(deleted) < at_most:
+        oldest = client.search_traces(locations=[experiment_id], order_by=["timestamp_ms ASC"],
+                                      max_results=per_second, include_spans=False)
+        ids = [t.info.trace_id for t in oldest]
+        if ids:
+            client.delete_traces(experiment_id, trace_ids=ids)
+            deleted += ids
+
+
+def _check_exactly_once(uri: str, experiment_id: str, metrics_keys: list[str]) -> tuple[int, int, int]:
+    """(surviving traces, those with exactly one valid Feedback per metric, those with more)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    survivors = once = twice = 0
+    token = None
+    while True:
+        page = client.search_traces(locations=[experiment_id], max_results=500, page_token=token, include_spans=False)
+        for t in page:
+            survivors += 1
+            counts = {k: 0 for k in metrics_keys}
+            for a in t.info.assessments:
+                if a.feedback is not None and a.valid is not False and a.name in counts \
+                        and "rag_eval.metric" in (a.metadata or {}):
+                    counts[a.name] += 1
+            once += all(v == 1 for v in counts.values())
+            twice += any(v > 1 for v in counts.values())
+        token = page.token
+        if not token:
+            return survivors, once, twice
+
+
+def cron(args) -> None:
+    import multiprocessing as mp
+    import threading
+
+    import mlflow
+
+    from mlflow_rag_eval.keys import metric_key
+
+    os.environ["OPENAI_API_KEY"] = os.environ.get("OPENAI_API_KEY") or "sk-bench"
+    home = Path(tempfile.mkdtemp(prefix="rag_eval_cron_bench_"))
+    os.chdir(home)
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    experiment_id = mlflow.set_experiment("production").experiment_id
+    seconds = log_traces(args.n)
+    args.max_cost = args.n * 0.0005 if args.max_cost is None else args.max_cost
+    per_second = max(1, args.n // 100)
+    print(f"logged {args.n} traces in {seconds:.1f} s; two concurrent cron runs per round, cap ${args.max_cost:g} "
+          f"each, a retention job deleting the {per_second} oldest traces a second ({args.n // 5} at most)")
+    metrics = args.metrics.split(",")
+    ctx = mp.get_context("spawn")
+    stop, deleted = threading.Event(), []
+    cleaner = threading.Thread(target=_retention, args=(uri, experiment_id, stop, per_second, args.n // 5, deleted),
+                               daemon=True)
+    over_cap, start = [], time.perf_counter()
+    with _long_judge("gpt-4o-mini") as judge_server:
+        cleaner.start()
+        for round_ in range(1, 30):
+            queue = ctx.Queue()
+            procs = [ctx.Process(target=_cron_run, args=(uri, judge_server.base_url, metrics, args.max_cost,
+                                                         args.page_size, queue)) for _ in range(2)]
+            for p in procs:
+                p.start()
+            results = [queue.get() for _ in procs]
+            for p in procs:
+                p.join()
+            for r in results:
+                if "error" in r:
+                    print(f"  round {round_}: a run failed: {r['error']}")
+                    continue
+                print(f"  round {round_}: {r['scored']:>5} scored of {r['read']:>5} read in {r['seconds']:5.1f} s, "
+                      f"{r['calls']} judge calls, spent ${r['spent']:.4f}, {r['gone']} deleted before the write"
+                      + (f"; stopped: {r['stopped']}" if r["stopped"] else ""))
+                if r["spent"] > args.max_cost:
+                    over_cap.append(r["spent"])
+            if all("error" not in r and r["scored"] == 0 for r in results):
+                break
+        stop.set()
+        cleaner.join()
+        calls = judge_server.calls
+    elapsed = time.perf_counter() - start
+    keys = [metric_key(m) for m in metrics]
+    survivors, once, twice = _check_exactly_once(uri, experiment_id, keys)
+    print(f"{round_} rounds in {elapsed:.0f} s, {calls} judge calls in all; {len(deleted)} traces deleted by the "
+          f"retention job; {survivors} survive: {once} with exactly one Feedback per metric, {twice} with more; "
+          f"runs over their cap: {len(over_cap)}")
+    if twice or once != survivors or over_cap:
+        raise SystemExit("FAILED: a surviving trace is not scored exactly once, or a run spent over its cap")
 
 
 if __name__ == "__main__":

@@ -619,10 +619,17 @@ def _decode_json_cells(frame, mapping, path: str):
                    ".parquet (a file or a folder of them), .jsonl or .csv; with --spark, any Parquet path "
                    "Spark reads (s3a://..., hdfs://...).")
 @click.option("--traces", "traces_experiment", default=None, metavar="EXPERIMENT",
-              help="Instead of --data: score the traces an app logged to this experiment (name or id) in place, "
-                   "each verdict a Feedback on its trace.")
+              help="Instead of --data: score the traces an app logged to this experiment (id:ID, name:NAME, or a "
+                   "bare name or id that is not both) in place, each verdict a Feedback on its trace.")
 @click.option("--filter", "trace_filter", default=None,
-              help="With --traces: a search_traces filter, e.g. \"tags.env = 'prod'\".")
+              help="With --traces: a search_traces filter in MLflow's grammar (clauses joined by AND, no "
+                   "parentheses), e.g. \"tags.env = 'prod' AND trace.status = 'OK'\".")
+@click.option("--lag", default=None, metavar="DURATION",
+              help="With --traces: the lag window (default 10m): the longest a request runs plus the time its "
+                   "trace takes to land; --since-last reads this far behind the newest end time again.")
+@click.option("--lease-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="With --traces: wait this long for another run scoring the same traces (default: exit 2 at "
+                   "once, naming it).")
 @click.option("--since", default=None,
               help="With --traces: only traces started after this (epoch ms, ISO 8601, or 90m / 24h / 7d ago).")
 @click.option("--since-last", is_flag=True,
@@ -658,8 +665,8 @@ def _decode_json_cells(frame, mapping, path: str):
                    "in --output).")
 @_tracking_option
 @_judge_limit_options
-def evaluate_command(data_path, traces_experiment, trace_filter, since, since_last, sample, sample_fraction,
-                     max_cost, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
+def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait, since, since_last, sample,
+                     sample_fraction, max_cost, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
                      max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
@@ -683,11 +690,12 @@ def evaluate_command(data_path, traces_experiment, trace_filter, since, since_la
 
     _check_evaluate_route(data_path, traces_experiment, spark_master or columns or no_traces or output is not None,
                           {"--filter": trace_filter, "--since": since, "--since-last": since_last or None,
-                           "--sample": sample, "--sample-fraction": sample_fraction}, spark_master, max_cost)
+                           "--sample": sample, "--sample-fraction": sample_fraction, "--lag": lag,
+                           "--lease-wait": lease_wait}, spark_master, max_cost)
     if traces_experiment is not None:
         _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
                          metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
-                         judge_options)
+                         judge_options, lag=lag, lease_wait=lease_wait)
         return
     remote = "://" in data_path
     if not (remote and spark_master) and not Path(data_path).exists():
@@ -753,12 +761,12 @@ def _check_evaluate_route(data_path, traces_experiment, data_options: bool, trac
 
 def _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
                      metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
-                     judge_options) -> None:
+                     judge_options, *, lag=None, lease_wait=None) -> None:
     """``evaluate --traces EXPERIMENT``: the experiment's traces scored in place."""
     from mlflow import MlflowClient
 
     from mlflow_rag_eval.results import ErrorRateExceeded
-    from mlflow_rag_eval.routes.production_traces import evaluate_traces
+    from mlflow_rag_eval.routes.production_traces import LeaseHeld, TrackingServerError, evaluate_traces
 
     if experiment:
         raise click.UsageError("--experiment names where --data is logged; with --traces the run goes to that "
@@ -769,8 +777,9 @@ def _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample,
                                filter_string=trace_filter, since=since, since_last=since_last, sample=sample,
                                sample_fraction=sample_fraction, max_cost=max_cost, slice_by=list(slice_by),
                                run_name=run_name, progress=False if no_progress else None,
+                               lag="10m" if lag is None else lag, lease_wait=lease_wait or 0.0,
                                client=MlflowClient(tracking_uri))
-    except ValueError as exc:  # BudgetExceeded too: nothing was judged or written
+    except (ValueError, LeaseHeld, TrackingServerError) as exc:  # BudgetExceeded too
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
     if done.result is not None and max_error_rate is not None:

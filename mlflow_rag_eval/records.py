@@ -30,6 +30,7 @@ __all__ = [
     "dataset_digest",
     "dataset_item",
     "digest_of_sorted_items",
+    "expectation_fields",
     "is_blank",
     "parent_of",
 ]
@@ -408,6 +409,31 @@ def records_from_frame(
             )
         )
     return records
+
+
+def expectation_fields(values: Mapping[str, Any], *, row: int | None = None) -> dict[str, Any]:
+    """The record fields named expectations give (``reference`` or its alias
+    ``expected_response``, ``relevant_ids``, ``answerable``, ``reference_contexts``), checked
+    by the very rules of the data columns of the same names: an id listed twice with two
+    grades, a grade that is a boolean or no finite number, ``answerable`` that is no boolean
+    (``"false"``, a string, included) are refused with a :class:`RecordError` naming the
+    expectation as its column. Other names are left out (they feed no metric)."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in ("reference", "expected_response"):
+            if "reference" in out:
+                raise RecordError("given twice (reference and expected_response)", row=row, column=name)
+            out["reference"] = _text(value, row=row, column=name)
+        elif name == "relevant_ids":
+            out["relevant_ids"] = _relevant_ids(value, row=row, column=name)
+        elif name == "answerable":
+            if is_missing(value):
+                raise RecordError("missing value (None/NaN)", row=row, column=name)
+            out["answerable"] = _answerable(value, row=row, column=name)
+        elif name == "reference_contexts":
+            items = _as_list(value, row=row, column=name, what="reference contexts")
+            out["reference_contexts"] = tuple(_text(t, row=row, column=name) for t in items)
+    return out
 
 
 def refuse_duplicate_columns(df: pd.DataFrame) -> None:

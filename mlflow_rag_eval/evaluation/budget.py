@@ -33,7 +33,7 @@ from mlflow_rag_eval.judges.prompts import PROMPTS, data_block, passages_block, 
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import RagRecord
 
-__all__ = ["Budget", "BudgetExceeded", "Estimate", "check_max_cost", "estimate_cost"]
+__all__ = ["Budget", "BudgetExceeded", "Estimate", "check_max_cost", "estimate_cost", "llm_judges"]
 
 #: characters per token, OpenAI's rule of thumb for English text
 CHARS_PER_TOKEN = 4
@@ -239,9 +239,17 @@ _KNOWN = frozenset({"faithfulness", "context_recall", "answer_correctness", "con
                     "answer_relevancy", "abstention", "false_abstention", "citation_support"})
 
 
+llm_judges = _llm_judges
+
+
 def _spent(judge: Judge | None) -> float:
     """What the judge's LLMs have cost so far (their running usage)."""
     return sum(j.usage_.cost_usd for j in _llm_judges(judge))
+
+
+def _unknown(judge: Judge | None) -> int:
+    """Replies so far whose usage the provider did not say (or said unreadably)."""
+    return sum(j.usage_.usage_unknown for j in _llm_judges(judge))
 
 
 @dataclass
@@ -260,6 +268,7 @@ class Budget:
     rows_not_scored: int = 0
     _judge: Judge | None = field(default=None, repr=False)
     _spent_before: float = field(default=0.0, repr=False)
+    _unknown_before: int = field(default=0, repr=False)
 
     def __post_init__(self):
         self.max_cost = check_max_cost(self.max_cost)
@@ -270,6 +279,7 @@ class Budget:
         estimated)."""
         self.estimate, self._judge = estimate, judge
         self._spent_before = _spent(judge)
+        self._unknown_before = _unknown(judge)
         if announce:
             print(estimate.to_text(), file=sys.stderr)
         if self.max_cost is None or (not estimate.calls and not estimate.not_estimated):
@@ -287,8 +297,11 @@ class Budget:
 
     @property
     def spent(self) -> float:
-        """US dollars the judge spent since :meth:`check`."""
-        return _spent(self._judge) - self._spent_before
+        """US dollars the judge spent since :meth:`check`: what its replies' usage says, and
+        each reply that said no usage charged at the estimate of a call (never at 0)."""
+        unknown = _unknown(self._judge) - self._unknown_before
+        per_call = (self.estimate.cost_usd or 0.0) / self.estimate.calls if self.estimate and self.estimate.calls else 0.0
+        return _spent(self._judge) - self._spent_before + unknown * per_call
 
     def allows(self, next_cost: float, rows_left: int) -> bool:
         """Whether the next share of work (estimated at ``next_cost``) may start; once not, the

@@ -1,43 +1,52 @@
 """Production traffic: score the traces a RAG app already logs, in place, incrementally,
-within a budget.
+within a budget, exactly once: a job to leave to cron.
 
 :func:`evaluate_traces` (the CLI's ``evaluate --traces EXPERIMENT``) reads an experiment's
-traces page by page (``search_traces`` with ``max_results`` and ``page_token``, oldest first:
-the spans of one page at a time are in memory, never all of them), and turns each into a
-:class:`~mlflow_rag_eval.records.RagRecord`:
+traces page by page by start time (:mod:`~mlflow_rag_eval.tracking.trace_pages`: the spans of
+one page at a time are in memory, never all of them; deletions between pages skip nothing),
+with the user's filter in MLflow's own grammar, and turns each into a
+:class:`~mlflow_rag_eval.records.RagRecord` (:mod:`~mlflow_rag_eval.routes.trace_reading`:
+which span holds what, and the strict reading of Expectations).
 
-- question and answer from the root span's inputs and outputs, in their common shapes (a
-  string; ``{"question"|"query"|"input"|"prompt": ...}``; chat ``{"messages": [...]}``, the last
-  user message; outputs ``{"answer"|"output"|"response"|"result"|"text"|"content": ...}`` or
-  OpenAI's ``{"choices": [{"message": {"content"}}]}``);
-- the contexts from the last RETRIEVER span (a reranker after a retriever: its order is the
-  ranking): its outputs are MLflow ``Document``\\ s, ``page_content`` the text and
-  ``metadata.doc_uri`` (else the document's ``id``) the id, ``metadata.parent_id`` the parent;
-- expectations from the trace's ``Expectation`` assessments when it has them (``reference`` or
-  ``expected_response``, ``relevant_ids``, ``answerable``, ``reference_contexts``);
-- the trace's own tags (not ``mlflow.*``) as the record's metadata, for ``slice_by``.
-
-A trace that cannot be read (no root span, no question, no RETRIEVER span...) is skipped and
-counted under its reason, as are traces still in progress and the row traces of an evaluation
-run (``rag_eval.row``); :attr:`TracesEvaluation.skipped` and the run's ``rag_eval/traces.json``
-hold the counts. Never a crash, never a silent drop.
+One trace, one failure: a trace that cannot be read (spans that do not decode, invalid
+Expectations, no root span, no question, no RETRIEVER span...) is skipped and counted under its
+reason, with its id (:attr:`TracesEvaluation.unreadable`), as are traces still in progress and
+the row traces of an evaluation run (``rag_eval.row``); :attr:`TracesEvaluation.skipped` and the
+run's ``rag_eval/traces.json`` hold the counts. A trace that may read or score differently
+later (undecodable, invalid Expectations, a judgement that failed) gets the trace tag
+:data:`RETRY_TAG`, and a ``since_last`` run reads the tagged traces again, behind its window too,
+until they are scored. Never a crash, never a silent drop.
 
 Each metric's verdict becomes a ``Feedback`` on the trace itself (the same assessment the rows
 of any route get: :func:`~mlflow_rag_eval.tracking.traces.row_feedback`), and an evaluation
 run records the sample (trace ids as ``rag_eval/traces.json``, their digest as param
 ``rag_eval.traces.digest``), aggregates, slices, worst rows and the report, with the scored
-traces linked to it.
+traces linked to it. A trace deleted before its Feedback is written is skipped and counted.
 
-Idempotent and incremental: a trace that carries a Feedback of a metric (same key and metric
-version) by the same judge fingerprint is not scored by it again (a failed judgement, a
-Feedback with an error, counts as judged); every run keeps on the experiment, under a tag
-named after its filter, metrics and judge (:func:`checkpoint_tag`), the newest trace time it
-dealt with, and ``since_last=True`` reads only traces after it. Sampling is by a hash of the
-trace id, so a rerun draws the same sample.
+Exactly once:
+
+- idempotent: a metric is not scored again on a trace that carries its valid Feedback by the
+  same judge fingerprint, or a person's verdict on it (HUMAN Feedback, an override); a failed
+  judgement is scored again (:func:`~mlflow_rag_eval.routes.trace_reading.prior_verdicts`);
+- incremental: every run keeps on the experiment, under a tag named after its filter, metrics
+  and judge (:func:`checkpoint_tag`), a start time the next ``since_last=True`` run reads
+  after: the newest end time seen less the ``lag`` window (MLflow writes a trace when it ends,
+  stamped with its start: a long request lands behind the newest start), so the overlap is
+  read again and skipped at no cost;
+- one run at a time: a lease (:class:`~mlflow_rag_eval.tracking.lease.ExperimentLease`, an
+  experiment tag with owner and expiry) is taken before reading and checked before every
+  write; a second run waits ``lease_wait`` seconds or stops with :class:`LeaseHeld` naming
+  the first.
+
+Sampling is by a hash of the trace id, so a rerun draws the same sample.
 
 Before any judge call the estimate of calls, tokens and cost is printed, and ``max_cost``
-refuses a run estimated above it or stops one that reaches it between pages
-(:mod:`mlflow_rag_eval.evaluation.budget`); what was scored is kept and logged, with the reason.
+refuses a run estimated above it; under a cap with a paid judge the spend is checked before
+each trace's judge calls (its estimate reserved, scaled by how much dearer the replies so far
+were than estimated; a reply without usage is charged at the estimate), and the run stops
+with the reason (:mod:`mlflow_rag_eval.evaluation.budget`); what was scored is kept and logged.
+The run records and the summary prints the judge's calls, cache hits, tokens, estimated and
+actual spend.
 """
 
 from __future__ import annotations
@@ -50,236 +59,51 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Param, RunStatus, SpanType, TraceState
+from mlflow.entities import Param, RunStatus, TraceState
 
-from mlflow_rag_eval._util.mlflow_compat import search_traces
-from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost
-from mlflow_rag_eval.evaluation.engine import no_judge, score_records
+from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost, llm_judges
+from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo
 from mlflow_rag_eval.metrics import Metric
-from mlflow_rag_eval.records import ColumnMapping, Context, RagRecord, dataset_digest
-from mlflow_rag_eval.results import MetricResult, RowResult
-from mlflow_rag_eval.stats import SEED
+from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
+from mlflow_rag_eval.routes.trace_reading import UnreadableTrace, prior_verdicts, record_from_trace, root_span
+from mlflow_rag_eval.routes.trace_scoring import (
+    ALREADY_SCORED,
+    RETRY_TAG,
+    TraceScorer,
+    answered_by_cache,
+    judge_usage,
+    metric_result,
+    set_retry_tags,
+)
+from mlflow_rag_eval.tracking.lease import ExperimentLease, LeaseHeld
 from mlflow_rag_eval.tracking.run_logging import announce, log_run_contents
-from mlflow_rag_eval.tracking.traces import ROW_METADATA, link_traces, log_assessments, row_feedback
+from mlflow_rag_eval.tracking.trace_pages import Undecodable, combined_filter, pages_by_time, trace_end_ms
+from mlflow_rag_eval.tracking.traces import ROW_METADATA, link_traces
 
-__all__ = ["CHECKPOINT_TAG", "TracesEvaluation", "UnreadableTrace", "checkpoint_tag", "evaluate_traces",
-           "parse_since", "record_from_trace", "traces_digest"]
+__all__ = ["CHECKPOINT_TAG", "LEASE_TAG", "LeaseHeld", "RETRY_TAG", "TrackingServerError", "TracesEvaluation",
+           "UnreadableTrace", "checkpoint_tag", "evaluate_traces", "parse_since", "record_from_trace",
+           "traces_digest"]
 
 #: experiment tag prefix of the checkpoints (``<prefix><hash of filter, metrics and judge>``)
 CHECKPOINT_TAG = "mlflow_rag_eval.traces_checkpoint."
+#: experiment tag prefix of the leases (the same hash as the checkpoint's)
+LEASE_TAG = "mlflow_rag_eval.traces_lease."
 #: traces per search page (and per scored share: the budget is checked between them)
 PAGE_SIZE = 100
+#: the lag window: the longest a request runs plus the time its trace takes to land
+DEFAULT_LAG = "10m"
+#: seconds a lease lasts unless renewed (each write renews it when half is gone)
+LEASE_TTL_S = 600.0
 TRACES_FILE = "rag_eval/traces.json"
-ALREADY_SCORED = "already scored by this judge (the trace carries the Feedback)"
-
-
-# --------------------------------------------------------------------------- MLflow tracing calls
-# Every call this module makes to MLflow's tracing API, in one place (names differ across
-# MLflow 3 releases).
-
-def _search_page(client: MlflowClient, experiment_id: str, filter_string: str | None, page_token: str | None,
-                 page_size: int) -> tuple[list, str | None]:
-    """One page of traces with their spans and assessments, oldest first, and the next token."""
-    page = search_traces(client, experiment_id, filter_string=filter_string, max_results=page_size,
-                         order_by=["timestamp_ms ASC"], page_token=page_token, include_spans=True)
-    return list(page), page.token
-
-
-def _root_span(trace):
-    return next((s for s in trace.data.spans if s.parent_id is None), None)
-
-
-def _retriever_spans(trace) -> list:
-    return sorted((s for s in trace.data.spans if s.span_type == SpanType.RETRIEVER), key=lambda s: s.start_time_ns)
-
-
-def _assessments(trace) -> list:
-    return list(trace.info.assessments or [])
-
-
-def _is_in_progress(trace) -> bool:
-    return trace.info.state == TraceState.IN_PROGRESS
-
-
-# --------------------------------------------------------------------------- a trace as a record
-
-
-class UnreadableTrace(ValueError):
-    """A trace that is no RAG request this module can read; ``reason`` is what is counted."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(reason)
-
-
-_QUESTION_KEYS = ("question", "query", "input", "prompt", "user_input", "request")
-_ANSWER_KEYS = ("answer", "output", "response", "result", "text", "content", "generation")
-
-
-def _text_of(content: Any) -> str | None:
-    """A chat message's content as text (a string, or OpenAI's list of ``{"text"}`` parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
-        return "\n".join(parts) if parts else None
-    return None
-
-
-def _last_message(messages: Any, roles: tuple[str, ...]) -> str | None:
-    if not isinstance(messages, list):
-        return None
-    for message in reversed(messages):
-        if isinstance(message, Mapping) and message.get("role") in roles:
-            return _text_of(message.get("content"))
-    return None
-
-
-def _under_keys(value: Mapping, keys: Sequence[str], read: Callable[[Any], str | None]) -> str | None:
-    """The string under the first of ``keys`` that holds one, directly or in a mapping ``read``
-    finds it in (``{"input": {"question": ...}}``)."""
-    for key in keys:
-        held = value.get(key)
-        if isinstance(held, str):
-            return held
-        if isinstance(held, Mapping):
-            nested = read(held)
-            if nested is not None:
-                return nested
-    return None
-
-
-def _question(inputs: Any) -> str | None:
-    """The question in a root span's inputs, in the shapes RAG apps log it."""
-    if isinstance(inputs, str):
-        return inputs
-    if not isinstance(inputs, Mapping):
-        return None
-    found = _under_keys(inputs, _QUESTION_KEYS, _question)
-    if found is not None:
-        return found
-    if "messages" in inputs:
-        return _last_message(inputs["messages"], ("user", "human"))
-    strings = [v for v in inputs.values() if isinstance(v, str)]
-    return strings[0] if len(strings) == 1 else None
-
-
-def _answer(outputs: Any) -> str | None:
-    """The answer in a root span's outputs, in the shapes RAG apps log it."""
-    if isinstance(outputs, str):
-        return outputs
-    if not isinstance(outputs, Mapping):
-        return None
-    found = _under_keys(outputs, _ANSWER_KEYS, _answer)
-    if found is not None:
-        return found
-    choices = outputs.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
-        first = choices[0]
-        message = first.get("message")
-        return _text_of(message.get("content")) if isinstance(message, Mapping) else _text_of(first.get("text"))
-    if "messages" in outputs:
-        return _last_message(outputs["messages"], ("assistant", "ai"))
-    return None
-
-
-def _context(doc: Any) -> Context:
-    """One retrieved document (an MLflow ``Document`` dict, or a plain string) as a context."""
-    if isinstance(doc, str):
-        return Context(doc)
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("page_content", doc.get("text")), str):
-        raise UnreadableTrace("a RETRIEVER span output is no document (page_content)")
-    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}
-    doc_id = metadata.get("doc_uri", doc.get("id", metadata.get("id")))
-    parent = metadata.get("parent_id")
-    return Context(doc.get("page_content", doc.get("text")), id=None if doc_id is None else str(doc_id),
-                   parent_id=None if parent is None else str(parent))
-
-
-def _relevant_ids(value: Any) -> dict[str, float]:
-    """An Expectation ``relevant_ids``: ``{id: grade}``, a list of ids, or of ``{"id", "grade"}``."""
-    if isinstance(value, Mapping):
-        return {str(k): float(v) for k, v in value.items()}
-    if isinstance(value, list):
-        out: dict[str, float] = {}
-        for item in value:
-            if isinstance(item, Mapping):
-                out[str(item["id"])] = float(item.get("grade", 1))
-            else:
-                out[str(item)] = 1.0
-        return out
-    raise TypeError(type(value).__name__)
-
-
-def _expectations(trace) -> dict[str, Any]:
-    """The record fields the trace's Expectation assessments give (the newest of each name)."""
-    out: dict[str, Any] = {}
-    for assessment in _assessments(trace):
-        if getattr(assessment, "expectation", None) is None or getattr(assessment, "valid", True) is False:
-            continue
-        name, value = assessment.name, assessment.value
-        try:
-            if name in ("reference", "expected_response") and isinstance(value, str):
-                out["reference"] = value
-            elif name == "relevant_ids":
-                out["relevant_ids"] = _relevant_ids(value)
-            elif name == "answerable" and isinstance(value, bool):
-                out["answerable"] = value
-            elif name == "reference_contexts" and isinstance(value, list):
-                out["reference_contexts"] = tuple(str(v) for v in value)
-        except (TypeError, ValueError, KeyError):
-            raise UnreadableTrace(f"its Expectation {name!r} is unreadable") from None
-    return out
-
-
-def record_from_trace(trace) -> RagRecord:
-    """The record a trace holds (see the module docstring); :class:`UnreadableTrace` naming
-    why when it holds none."""
-    root = _root_span(trace)
-    if root is None:
-        raise UnreadableTrace("no root span")
-    question, answer = _question(root.inputs), _answer(root.outputs)
-    if not question or not question.strip():
-        raise UnreadableTrace("no question in the root span's inputs")
-    if answer is None:
-        raise UnreadableTrace("no answer in the root span's outputs")
-    retrievers = _retriever_spans(trace)
-    if not retrievers:
-        raise UnreadableTrace("no RETRIEVER span")
-    documents = retrievers[-1].outputs
-    if documents is None:
-        documents = []
-    if not isinstance(documents, list):
-        raise UnreadableTrace("the RETRIEVER span's outputs are not a list of documents")
-    tags = {k: v for k, v in (trace.info.tags or {}).items() if not k.startswith("mlflow.")}
-    return RagRecord(question=question, answer=answer, contexts=tuple(_context(d) for d in documents),
-                     metadata=tags, **_expectations(trace))
-
-
-def _scored_before(trace, suite: Suite, fingerprint: str) -> set[str]:
-    """The suite's metrics (display names) the trace carries our Feedback of, by this judge."""
-    by_key = {m.key: m for m in suite.metrics}
-    done = set()
-    for assessment in _assessments(trace):
-        metric = by_key.get(assessment.name)
-        meta = assessment.metadata or {}
-        if metric is None or getattr(assessment, "feedback", None) is None or getattr(assessment, "valid", True) is False:
-            continue
-        if meta.get("rag_eval.metric_version") != str(metric.version):
-            continue
-        wanted = fingerprint if metric.primitives else None
-        if meta.get("rag_eval.judge_fingerprint") == wanted:
-            done.add(metric.display_name)
-    return done
 
 
 # --------------------------------------------------------------------------- reading and sampling
@@ -322,8 +146,12 @@ class _Candidate:
     timestamp_ms: int
     record: RagRecord
     span_id: str | None
-    #: metric display names the trace carries our Feedback of
+    #: metric display names the trace is not to be scored by again (scored, or judged by a person)
     done: set[str]
+    #: metric -> our failed Feedback on it, which the new one overrides
+    failed: dict[str, str] = field(default_factory=dict)
+    #: the trace carries the retry tag (removed once it is scored)
+    tagged_retry: bool = False
 
 
 @dataclass
@@ -333,57 +161,87 @@ class _Reading:
     candidates: list[_Candidate] = field(default_factory=list)
     read: int = 0
     skipped: Counter = field(default_factory=Counter)
-    newest_ms: int | None = None
+    #: trace id -> why it was not read (undecodable, invalid Expectations...), the first few hundred
+    unreadable: dict[str, str] = field(default_factory=dict)
+    newest_end_ms: int | None = None
     #: the oldest trace still in progress: the checkpoint stays before it
     oldest_in_progress_ms: int | None = None
+    #: traces to read again next time (a retry tag set), and those to untag (readable now)
+    to_tag: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
 
 
-def _pages(client, experiment_id: str, filter_string: str | None, page_size: int) -> Iterator[list]:
-    token = None
-    while True:
-        traces, token = _search_page(client, experiment_id, filter_string, token, page_size)
-        yield traces
-        if not token or not traces:
-            return
+#: unreadable traces named one by one in the summary and traces.json (all are counted)
+UNREADABLE_NAMED = 200
 
 
-def _read(client, experiment_id: str, filter_string: str | None, suite: Suite, fingerprint: str, *,
-          sample: int | None, fraction: float | None, seed: int, page_size: int) -> _Reading:
-    """Every matching trace, page by page, sampled and turned into a candidate or a counted skip."""
+def _unreadable(reading: _Reading, trace_id: str, reason: str, retry: bool, tagged: bool) -> None:
+    reading.skipped[f"unreadable: {reason}"] += 1
+    if len(reading.unreadable) < UNREADABLE_NAMED:
+        reading.unreadable[trace_id] = reason
+    if retry and not tagged:
+        reading.to_tag.append(trace_id)
+
+
+def _take(reading: _Reading, trace, suite: Suite, fingerprint: str, fraction: float | None, seed: int):
+    """One trace read: a candidate, or None (counted under its reason)."""
+    info = trace.info
+    ts = int(info.request_time)
+    tagged = RETRY_TAG in (info.tags or {})
+    if isinstance(trace, Undecodable):
+        _unreadable(reading, info.trace_id, f"it cannot be fetched or decoded ({trace.error})", True, tagged)
+        return None
+    if info.state == TraceState.IN_PROGRESS:
+        reading.skipped["still in progress"] += 1
+        reading.oldest_in_progress_ms = min(ts, reading.oldest_in_progress_ms or ts)
+        return None
+    if ROW_METADATA in (info.trace_metadata or {}):
+        reading.skipped["a row trace of an evaluation run"] += 1
+        return None
+    if fraction is not None and _sample_key(info.trace_id, seed) >= fraction:
+        reading.skipped["not in the sample"] += 1
+        return None
+    try:
+        record = record_from_trace(trace)
+    except UnreadableTrace as exc:
+        _unreadable(reading, info.trace_id, exc.reason, exc.retry, tagged)
+        return None
+    prior = prior_verdicts(trace, suite, fingerprint)
+    return _Candidate(info.trace_id, ts, record, root_span(trace).span_id, prior.done, prior.failed, tagged)
+
+
+def _read(client, experiment_id: str, filter_string: str | None, since_ms: int | None, suite: Suite,
+          fingerprint: str, *, sample: int | None, fraction: float | None, seed: int, page_size: int) -> _Reading:
+    """Every matching trace, page by page, sampled and turned into a candidate or a counted
+    skip; with a window (``since_ms``), the traces before it tagged to retry as well."""
     reading, heap = _Reading(), []  # heap: the ``sample`` candidates with the smallest keys, negated
-    for traces in _pages(client, experiment_id, filter_string, page_size):
-        for trace in traces:
-            reading.read += 1
-            ts = int(trace.info.request_time)
-            if _is_in_progress(trace):
-                reading.skipped["still in progress"] += 1
-                reading.oldest_in_progress_ms = min(ts, reading.oldest_in_progress_ms or ts)
-                continue
-            reading.newest_ms = max(ts, reading.newest_ms or ts)
-            if ROW_METADATA in (trace.info.trace_metadata or {}):
-                reading.skipped["a row trace of an evaluation run"] += 1
-                continue
-            key = _sample_key(trace.info.trace_id, seed)
-            if fraction is not None and key >= fraction:
-                reading.skipped["not in the sample"] += 1
-                continue
-            try:
-                record = record_from_trace(trace)
-            except UnreadableTrace as exc:
-                reading.skipped[f"unreadable: {exc.reason}"] += 1
-                continue
-            root = _root_span(trace)
-            candidate = _Candidate(trace.info.trace_id, ts, record, root.span_id,
-                                   _scored_before(trace, suite, fingerprint))
-            if sample is None:
-                reading.candidates.append(candidate)
-            elif len(heap) < sample:
-                heapq.heappush(heap, (-key, candidate.trace_id, candidate))
-            elif -heap[0][0] > key:
-                heapq.heapreplace(heap, (-key, candidate.trace_id, candidate))
-                reading.skipped["not in the sample"] += 1
-            else:
-                reading.skipped["not in the sample"] += 1
+    passes = [(filter_string, since_ms)]
+    if since_ms is not None:
+        passes.insert(0, (combined_filter(filter_string, f"tags.`{RETRY_TAG}` = 'true'",
+                                          f"timestamp_ms <= {since_ms}"), None))
+    for filt, after in passes:
+        for traces in pages_by_time(client, experiment_id, filt, after_ms=after, page_size=page_size):
+            for trace in traces:
+                if trace.info.trace_id in reading.seen:
+                    continue
+                reading.seen.add(trace.info.trace_id)
+                reading.read += 1
+                if trace.info.state != TraceState.IN_PROGRESS:
+                    end = trace_end_ms(trace.info)
+                    reading.newest_end_ms = max(end, reading.newest_end_ms or end)
+                candidate = _take(reading, trace, suite, fingerprint, fraction, seed)
+                if candidate is None:
+                    continue
+                key = _sample_key(candidate.trace_id, seed)
+                if sample is None:
+                    reading.candidates.append(candidate)
+                elif len(heap) < sample:
+                    heapq.heappush(heap, (-key, candidate.trace_id, candidate))
+                elif -heap[0][0] > key:
+                    heapq.heapreplace(heap, (-key, candidate.trace_id, candidate))
+                    reading.skipped["not in the sample"] += 1
+                else:
+                    reading.skipped["not in the sample"] += 1
     if sample is not None:
         reading.candidates = [c for _, _, c in heap]
     reading.candidates.sort(key=lambda c: (c.timestamp_ms, c.trace_id))
@@ -406,80 +264,30 @@ def _read_checkpoint(client, experiment_id: str, tag: str) -> int | None:
     return int(value) if value is not None and str(value).isdigit() else None
 
 
-def _new_checkpoint(reading: _Reading, unscored: Sequence[_Candidate], old: int | None) -> int | None:
-    """The newest trace time the run dealt with: before the first trace it left unscored (the
-    budget) and before any still in progress; never earlier than the last checkpoint."""
-    limits = [reading.newest_ms]
+def _new_checkpoint(reading: _Reading, unscored: Sequence[_Candidate], old: int | None, lag_ms: int,
+                    now_ms: int) -> int | None:
+    """The start time the next ``since_last`` run reads after: the newest end time the run saw
+    (or now, if the traces' clock is ahead), less the lag window, so that a request still
+    running now (written when it ends, with its start time) is read next time; before the
+    first trace the run left unscored (the budget) and any still in progress; never earlier
+    than the last checkpoint."""
+    limits = []
+    if reading.newest_end_ms is not None:
+        limits.append(min(reading.newest_end_ms, now_ms) - lag_ms)
     if unscored:
         limits.append(unscored[0].timestamp_ms - 1)
     if reading.oldest_in_progress_ms is not None:
         limits.append(reading.oldest_in_progress_ms - 1)
-    limits = [x for x in limits if x is not None]
     new = min(limits) if limits else None
-    return max(x for x in (new, old) if x is not None) if (new is not None or old is not None) else None
-
-
-def _combined_filter(filter_string: str | None, since_ms: int | None) -> str | None:
-    parts = [f"({filter_string})" if filter_string else None, f"timestamp_ms > {since_ms}" if since_ms is not None else None]
-    parts = [p for p in parts if p]
-    return " AND ".join(parts) if parts else None
-
-
-# --------------------------------------------------------------------------- scoring in place
-
-
-class _Scorer:
-    """Scores the candidates a share at a time, each trace by the metrics it lacks, and puts
-    every verdict on its trace at once (what was scored stays scored if the run stops)."""
-
-    def __init__(self, suite: Suite, budget: Budget, client, run_id: str, progress: bool):
-        self.suite, self.budget, self.client, self.run_id, self.progress = suite, budget, client, run_id, progress
-        self.rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite.metrics}
-        self.scored: list[_Candidate] = []
-        self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
-
-    def score(self, candidates: Sequence[_Candidate], row_costs: Sequence[float], share: int) -> list[_Candidate]:
-        """Score every share the budget allows; returns the candidates left unscored."""
-        for start in range(0, len(candidates), share):
-            chunk = candidates[start : start + share]
-            if not self.budget.allows(sum(row_costs[start : start + share]), len(candidates) - start):
-                return list(candidates[start:])
-            self._score_share(chunk)
-        return []
-
-    def _score_share(self, chunk: Sequence[_Candidate]) -> None:
-        groups: dict[tuple[str, ...], list[int]] = {}
-        for i, c in enumerate(chunk):
-            todo = tuple(m.display_name for m in self.suite.metrics if m.display_name not in c.done)
-            groups.setdefault(todo, []).append(i)
-        rows: dict[str, list[RowResult | None]] = {m.display_name: [None] * len(chunk) for m in self.suite.metrics}
-        for todo, members in groups.items():
-            sub = Suite([m for m in self.suite.metrics if m.display_name in todo], self.suite.judge, default=False)
-            got, seconds = score_records(sub, [chunk[i].record for i in members], progress=self.progress)
-            for name, results in got.items():
-                self.timings[name] += seconds.get(name, 0.0)
-                for i, row in zip(members, results):
-                    rows[name][i] = row
-        info = self.suite.judge.info() if self.suite.judge is not None else no_judge()
-        feedback = []
-        for metric in self.suite.metrics:
-            result = _metric_result(metric, [r or RowResult.not_applicable(ALREADY_SCORED) for r in rows[metric.display_name]])
-            self.rows[metric.display_name] += result.rows
-            for c, row in zip(chunk, result.rows):
-                made = row_feedback(result, row, judge=info if metric.primitives else None, trace_id=c.trace_id,
-                                    span_id=c.span_id, run_id=self.run_id)
-                if made is not None:  # None: not applicable (or scored before)
-                    feedback.append(made)
-        log_assessments(self.client, feedback)
-        self.scored += chunk
-
-
-def _metric_result(metric: Metric, rows: Sequence[RowResult]) -> MetricResult:
-    return MetricResult(name=metric.display_name, spec=metric.spec(), rows=tuple(rows),
-                        greater_is_better=metric.greater_is_better, judged=bool(metric.primitives), seed=SEED)
+    known = [x for x in (new, old) if x is not None]
+    return max(known) if known else None
 
 
 # --------------------------------------------------------------------------- the route
+
+
+class TrackingServerError(RuntimeError):
+    """The tracking URI answers, but not as MLflow does: nothing can be read or written."""
 
 
 @dataclass
@@ -502,24 +310,72 @@ class TracesEvaluation:
     checkpoint_ms: int | None
     since_ms: int | None
     result: EvaluationResult | None = None
+    #: trace id -> why it could not be read (the first :data:`UNREADABLE_NAMED`)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    #: the judge's spending during the run: calls, cache hits, tokens, cost
+    spending: dict[str, Any] = field(default_factory=dict)
 
     def summary_text(self) -> str:
         lines = [f"traces: {self.read} read, {len(self.scored)} scored in place"
                  + (f" (run {self.run_id})" if self.run_id else " (no run: nothing to score)")]
         for reason, n in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {n:>6} not scored: {reason}")
+        for trace_id, reason in list(self.unreadable.items())[:10]:
+            lines.append(f"         unreadable {trace_id}: {reason}")
+        if len(self.unreadable) > 10:
+            lines.append(f"         ... {len(self.unreadable) - 10} more in {TRACES_FILE}")
+        if self.spending:
+            s = self.spending
+            lines.append(f"  judge: {s['calls']} calls, {s['cache_hits']} cache hits, {s['tokens_in']} + "
+                         f"{s['tokens_out']} tokens, estimated ${s['estimated_usd']:.4f}, spent ${s['spent_usd']:.4f}"
+                         + (f" ({s['usage_unknown']} replies without usage, charged at the estimate)"
+                            if s.get("usage_unknown") else ""))
         if self.budget.stopped:
             lines.append(f"  stopped: {self.budget.stopped}")
         return "\n".join(lines)
 
 
+def _checked(found, asked: str, uri: str):
+    """``found`` when it is an experiment as MLflow returns one, else TrackingServerError."""
+    if found is not None and not (getattr(found, "experiment_id", None) and getattr(found, "name", None)):
+        raise TrackingServerError(f"the tracking server at {uri} does not answer like MLflow (experiment {asked!r} "
+                                  "came back without an id or a name): check --tracking-uri")
+    return found
+
+
 def _experiment_id(client, experiment: str) -> str:
-    found = client.get_experiment_by_name(experiment)
-    if found is not None:
-        return found.experiment_id
-    if str(experiment).isdigit():
-        return client.get_experiment(str(experiment)).experiment_id
-    raise ValueError(f"no experiment named {experiment!r} (give its name or id)")
+    """The experiment ``id:<id>``, ``name:<name>``, or a bare value that names one experiment
+    only (an id that is also another experiment's name is refused as ambiguous)."""
+    from mlflow.exceptions import MlflowException
+
+    uri = getattr(client, "tracking_uri", "the tracking URI")
+    text = str(experiment)
+    kind, _, value = text.partition(":")
+    if kind in ("id", "name") and value:
+        if kind == "name":
+            found = _checked(client.get_experiment_by_name(value), text, uri)
+            if found is None:
+                raise ValueError(f"no experiment named {value!r}")
+            return found.experiment_id
+        try:
+            return _checked(client.get_experiment(value), text, uri).experiment_id
+        except MlflowException as exc:
+            raise ValueError(f"no experiment with id {value!r}: {exc.message}") from None
+    by_name = _checked(client.get_experiment_by_name(text), text, uri)
+    by_id = None
+    if text.isdigit():
+        try:
+            by_id = _checked(client.get_experiment(text), text, uri)
+        except MlflowException:
+            by_id = None
+    if by_name is not None and by_id is not None and by_name.experiment_id != by_id.experiment_id:
+        raise ValueError(f"{text!r} is ambiguous: experiment {by_id.experiment_id} is named {by_id.name!r} and "
+                         f"experiment {by_name.experiment_id} is named {text!r}; give id:{text} or name:{text}")
+    found = by_name or by_id
+    if found is None:
+        raise ValueError(f"no experiment named {text!r}" + (" or with that id" if text.isdigit() else "")
+                         + " (give name:<name> or id:<id>)")
+    return found.experiment_id
 
 
 def _prepare(suite: Suite, reading: _Reading, slice_by: Sequence[str]) -> tuple[list[_Candidate], list[set[str]]]:
@@ -549,6 +405,7 @@ def evaluate_traces(
     filter_string: str | None = None,
     since: str | int | _dt.datetime | None = None,
     since_last: bool = False,
+    lag: str | int | float = DEFAULT_LAG,
     sample: int | None = None,
     sample_fraction: float | None = None,
     max_cost: float | None = None,
@@ -557,49 +414,98 @@ def evaluate_traces(
     page_size: int = PAGE_SIZE,
     progress: bool | None = None,
     seed: int = 0,
+    lease_wait: float = 0.0,
+    lease_ttl: float = LEASE_TTL_S,
     client: MlflowClient | None = None,
 ) -> TracesEvaluation:
-    """Score the traces of ``experiment`` (a name or id) in place (see the module docstring).
+    """Score the traces of ``experiment`` in place (see the module docstring).
 
     Args:
+        experiment: ``name:<name>``, ``id:<id>``, or a bare name or id (refused when it is
+            both an id and another experiment's name).
         metrics: metric names (default: the suite the traces can feed, expectations included).
         judge: a judge name or object (default ``local:minilm-l6``).
-        filter_string: a ``search_traces`` filter, e.g. ``"tags.env = 'prod'"``.
+        filter_string: a ``search_traces`` filter in MLflow's grammar (clauses joined by AND,
+            no parentheses), e.g. ``"tags.env = 'prod' AND trace.status = 'OK'"``; the time
+            window is added to it.
         since: only traces started after this (epoch ms, ISO 8601, or ``24h``-like durations).
         since_last: only traces after the checkpoint of the last run with the same filter,
             metrics and judge (all of them when there is none); exclusive with ``since``.
+        lag: the lag window (seconds, or ``10m``-like): the longest a request runs plus the
+            time its trace takes to land. The checkpoint stays this far behind the newest end
+            time seen, and the overlap is read again (scored traces are skipped at no cost).
         sample, sample_fraction: score at most ``sample`` traces, or this share of them,
             chosen by a hash of the trace id (a rerun draws the same ones).
         max_cost: US dollars the judge may cost at most (:mod:`mlflow_rag_eval.evaluation.budget`).
         slice_by: trace tags to report every metric per value of.
+        lease_wait: seconds to wait for another run holding the lease (then :class:`LeaseHeld`).
+        lease_ttl: seconds a lease lasts without renewal (a killed run's lease expires).
     """
     client = client or MlflowClient()
     _check_arguments(since, since_last, sample, sample_fraction, page_size)
+    lag_ms = _lag_ms(lag)
     slice_by = check_slice_by(list(slice_by) or None, "slice_by")
     experiment_id = _experiment_id(client, experiment)
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
     info = suite.judge.info() if suite.judge is not None else no_judge()
     tag = checkpoint_tag(filter_string, metrics, info)
+    lease = ExperimentLease(client, experiment_id, LEASE_TAG + tag[len(CHECKPOINT_TAG):], ttl_s=lease_ttl)
+    lease.acquire(wait_s=lease_wait)  # LeaseHeld: another run scores these traces
+    try:
+        return _evaluate(client, experiment_id, suite, info, tag, lease, filter_string=filter_string, since=since,
+                         since_last=since_last, lag_ms=lag_ms, sample=sample, sample_fraction=sample_fraction,
+                         max_cost=max_cost, slice_by=slice_by, run_name=run_name, page_size=page_size,
+                         progress=progress, seed=seed)
+    finally:
+        lease.release()
+
+
+def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: str, lease: ExperimentLease, *,
+              filter_string, since, since_last, lag_ms, sample, sample_fraction, max_cost, slice_by, run_name,
+              page_size, progress, seed) -> TracesEvaluation:
+    now_ms = int(time.time() * 1000)
     old = _read_checkpoint(client, experiment_id, tag)
     since_ms = old if since_last else parse_since(since)
-    reading = _read(client, experiment_id, _combined_filter(filter_string, since_ms), suite, info.fingerprint,
+    reading = _read(client, experiment_id, filter_string, since_ms, suite, info.fingerprint,
                     sample=sample, fraction=sample_fraction, seed=seed, page_size=page_size)
     todo, done = _prepare(suite, reading, slice_by)
+    set_retry_tags(client, reading.to_tag, [c.trace_id for c in reading.candidates
+                                            if c.tagged_retry and not any(c is t for t in todo)])
     for metric in suite.metrics:
         metric.validate([c.record for c in todo], ColumnMapping())
     budget = Budget(max_cost)
-    estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge, done=done)
+    cached = answered_by_cache(suite, todo, done)
+    estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge,
+                             done=[d | c for d, c in zip(done, cached)])
     budget.check(estimate, judge=suite.judge)  # BudgetExceeded: before any judge call, nothing written
+    usage_before = judge_usage(suite.judge)
     outcome = TracesEvaluation(experiment_id, None, reading.read, [], dict(reading.skipped), estimate, budget, tag,
-                               old, since_ms)
+                               old, since_ms, unreadable=dict(reading.unreadable))
+    unscored: list[_Candidate] = []
     if todo:
-        _score_into_run(outcome, client, suite, todo, reading, slice_by, run_name, page_size, progress,
-                        filter_string=filter_string)
-    outcome.checkpoint_ms = _new_checkpoint(reading, todo[len(outcome.scored):], old)
+        unscored = _score_into_run(outcome, client, suite, todo, reading, slice_by, run_name, page_size, progress,
+                                   lease, filter_string=filter_string, usage_before=usage_before)
+    outcome.checkpoint_ms = _new_checkpoint(reading, unscored, old, lag_ms, now_ms)
     if outcome.checkpoint_ms is not None and outcome.checkpoint_ms != old:
+        lease.check()
         client.set_experiment_tag(experiment_id, tag, str(outcome.checkpoint_ms))
     print(outcome.summary_text(), file=sys.stderr)
     return outcome
+
+
+def _lag_ms(lag) -> int:
+    if isinstance(lag, bool):
+        raise ValueError(f"lag must be seconds or a duration (10m), got {lag!r}")
+    if isinstance(lag, (int, float)):
+        seconds = float(lag)
+    else:
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", str(lag).strip())
+        if not match:
+            raise ValueError(f"lag must be seconds or a duration (90s, 10m, 1h), got {lag!r}")
+        seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    if seconds < 0:
+        raise ValueError(f"lag must be >= 0, got {lag!r}")
+    return int(seconds * 1000)
 
 
 def _check_arguments(since, since_last: bool, sample, fraction, page_size: int) -> None:
@@ -617,19 +523,27 @@ def _check_arguments(since, since_last: bool, sample, fraction, page_size: int) 
 
 
 def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[_Candidate], reading: _Reading,
-                    slice_by, run_name, page_size: int, progress, *, filter_string) -> None:
-    """Start the evaluation run, score the candidates into it, log what was scored."""
+                    slice_by, run_name, page_size: int, progress, lease: ExperimentLease, *, filter_string,
+                    usage_before: dict[str, Any]) -> list[_Candidate]:
+    """Start the evaluation run, score the candidates into it, log what was scored; returns
+    the candidates the budget left unscored."""
     from mlflow_rag_eval._util.progress import progress_wanted
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     run = client.create_run(outcome.experiment_id, run_name=run_name or f"traces {stamp}")
     run_id = outcome.run_id = run.info.run_id
     try:
-        scorer = _Scorer(suite, outcome.budget, client, run_id, progress_wanted(progress))
+        scorer = TraceScorer(suite, outcome.budget, client, run_id, progress_wanted(progress), lease)
         unscored = scorer.score(todo, outcome.estimate.row_costs, page_size)
         if unscored:
             outcome.skipped["not scored: the budget was reached"] = len(unscored)
+        if scorer.gone:
+            outcome.skipped["deleted before its Feedback was written"] = len(scorer.gone)
         outcome.scored = [c.trace_id for c in scorer.scored]
+        if llm_judges(suite.judge):  # a judge that calls no LLM spends nothing worth a line
+            now = judge_usage(suite.judge)
+            outcome.spending = {k: now[k] - usage_before[k] for k in now}
+            outcome.spending.update(estimated_usd=outcome.estimate.cost_usd or 0.0, spent_usd=outcome.budget.spent)
         outcome.result = _result(suite, scorer)
         _log_run(outcome, client, filter_string, slice_by, reading)
         link_traces(client, outcome.scored, run_id)
@@ -638,14 +552,15 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
         raise
     client.set_terminated(run_id)
+    return unscored
 
 
-def _result(suite: Suite, scorer: _Scorer) -> EvaluationResult:
+def _result(suite: Suite, scorer: TraceScorer) -> EvaluationResult:
     records = [c.record for c in scorer.scored]
     judge = suite.judge
     return EvaluationResult(
         records=records,
-        metrics=[_metric_result(m, scorer.rows[m.display_name]) for m in suite.metrics],
+        metrics=[metric_result(m, scorer.rows[m.display_name]) for m in suite.metrics],
         judge=judge.info() if judge is not None else no_judge(),
         dataset_digest=dataset_digest(records),
         timings=scorer.timings,
@@ -669,7 +584,10 @@ def _log_run(outcome: TracesEvaluation, client, filter_string, slice_by, reading
               "rag_eval.traces.digest": traces_digest(outcome.scored),
               "rag_eval.traces.checkpoint_tag": outcome.checkpoint_tag}
     client.log_batch(outcome.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
+    spending = {f"rag_eval.judge.{k}": (f"{v:.6f}" if isinstance(v, float) else str(v))
+                for k, v in outcome.spending.items()}
     log_run_contents(outcome.result, outcome.run_id, client, trace_ids=outcome.scored, slice_by=slice_by,
-                     tags={**outcome.budget.run_tags(), "rag_eval.route": "traces"})
+                     tags={**outcome.budget.run_tags(), **spending, "rag_eval.route": "traces"})
     client.log_text(outcome.run_id, json.dumps({"trace_ids": outcome.scored, "read": reading.read,
-                                                "skipped": outcome.skipped}, indent=1), TRACES_FILE)
+                                                "skipped": outcome.skipped, "unreadable": outcome.unreadable,
+                                                "spending": outcome.spending}, indent=1), TRACES_FILE)

@@ -75,6 +75,7 @@ __all__ = [
     "compact_evidence",
     "link_traces",
     "log_assessments",
+    "log_assessments_on_live_traces",
     "log_row_traces",
     "row_expectations",
     "row_feedback",
@@ -458,3 +459,37 @@ def _link(client, trace_ids: list[str], run_id: str) -> None:
             if "not supported" in str(exc):
                 return
             raise
+
+
+def _trace_exists(tracing, trace_id: str) -> bool:
+    try:
+        tracing.get_trace_info(trace_id)
+    except Exception:  # noqa: BLE001 - RESOURCE_DOES_NOT_EXIST on every store, worded differently
+        return False
+    return True
+
+
+def log_assessments_on_live_traces(client, by_trace: Mapping[str, Sequence]) -> set[str]:
+    """Add each trace's assessments to it (as :func:`log_assessments`), and return the traces
+    that were deleted before theirs were written: a trace deleted meanwhile (a retention job)
+    is skipped, never the run's failure. A write that fails on a trace that still exists raises."""
+    tracing = client._tracing_client
+
+    def write(item) -> str | None:
+        trace_id, assessments = item
+        for assessment in assessments:
+            try:
+                tracing.log_assessment(trace_id, assessment)
+            except Exception:
+                if _trace_exists(tracing, trace_id):
+                    raise
+                return trace_id
+        return None
+
+    items = [(t, a) for t, a in by_trace.items() if a]
+    if _is_rest(tracing) and len(items) > 1:
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="rag_eval_assessments") as pool:
+            gone = list(pool.map(write, items))
+    else:
+        gone = [write(item) for item in items]
+    return {t for t in gone if t is not None}

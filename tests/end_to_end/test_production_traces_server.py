@@ -102,7 +102,8 @@ def test_production_traces_scored_in_place_incrementally_within_a_budget(server,
     first_ids = app(200, 0)
     assert len(_scored(client, app.experiment_id)) == 200
 
-    first = _evaluate(server, "--sample", "50")
+    # --lag 0: the checkpoint is the newest end time (the default re-reads the last 10 minutes)
+    first = _evaluate(server, "--sample", "50", "--lag", "0")
     assert first.exit_code == 0, first.output
     run_id = first.stdout.strip().splitlines()[-1]  # the run id, printed last on stdout
     scored = {t for t, names in _scored(client, app.experiment_id).items() if names}
@@ -112,12 +113,12 @@ def test_production_traces_scored_in_place_incrementally_within_a_budget(server,
     run = client.get_run(run_id)
     assert run.data.tags["mlflow.runType"] == "genai_evaluate" and run.data.params["rag_eval.traces.n_scored"] == "50"
 
-    rerun = _evaluate(server, "--sample", "50")
+    rerun = _evaluate(server, "--sample", "50", "--lag", "0")
     assert rerun.exit_code == 0 and "0 scored in place (no run: nothing to score)" in rerun.output, rerun.output
     assert {t for t, names in _scored(client, app.experiment_id).items() if names} == scored
 
     new_ids = app(20, 200)
-    later = _evaluate(server, "--since-last")
+    later = _evaluate(server, "--since-last", "--lag", "0")
     assert later.exit_code == 0, later.output
     assert "traces: 20 read, 20 scored in place" in later.output
     now_scored = {t for t, names in _scored(client, app.experiment_id).items() if names}

@@ -20,7 +20,12 @@ from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.evaluation.suite import prepare_suite
 from mlflow_rag_eval.judges import get_judge
 from mlflow_rag_eval.records import records_from_frame
-from mlflow_rag_eval.routes.production_traces import CHECKPOINT_TAG, evaluate_traces, record_from_trace
+from mlflow_rag_eval.routes.production_traces import (
+    CHECKPOINT_TAG,
+    UnreadableTrace,
+    evaluate_traces,
+    record_from_trace,
+)
 from mlflow_rag_eval.testing import FakeJudgeServer, Reply
 
 METRICS = ["faithfulness", "context_relevance"]
@@ -73,7 +78,7 @@ def _experiment_id() -> str:
 def test_a_sample_is_scored_in_place_once_and_since_last_scores_only_the_new(app, local_judge, capsys):
     app.serve(QUESTIONS[:30])
     client = MlflowClient()
-    first = evaluate_traces("tests", metrics=METRICS, judge=local_judge, sample=8, page_size=7)
+    first = evaluate_traces("tests", metrics=METRICS, judge=local_judge, sample=8, page_size=7, lag=0)
     assert first.read == 30 and len(first.scored) == 8 and first.skipped == {"not in the sample": 22}
     for trace_id in first.scored:  # every verdict on the production trace itself
         feedback = _our_feedback(client, trace_id)
@@ -89,18 +94,19 @@ def test_a_sample_is_scored_in_place_once_and_since_last_scores_only_the_new(app
     linked = client.search_traces(locations=[_experiment_id()], run_id=first.run_id, max_results=100)
     assert sorted(t.info.trace_id for t in linked) == sorted(first.scored)
 
-    again = evaluate_traces("tests", metrics=METRICS, judge=local_judge, sample=8)
+    again = evaluate_traces("tests", metrics=METRICS, judge=local_judge, sample=8, lag=0)
     assert again.scored == [] and again.run_id is None and again.skipped["already scored by this judge "
                                                                          "(the trace carries the Feedback)"] == 8
     assert all(len(_our_feedback(client, t)) == 2 for t in first.scored)  # nothing added twice
 
     new = app.serve(QUESTIONS[30:35])
-    later = evaluate_traces("tests", metrics=METRICS, judge=local_judge, since_last=True)
+    later = evaluate_traces("tests", metrics=METRICS, judge=local_judge, since_last=True, lag=0)
     assert sorted(later.scored) == sorted(new) and later.read == 5
     tag = client.get_experiment(_experiment_id()).tags[later.checkpoint_tag]
     assert later.checkpoint_tag.startswith(CHECKPOINT_TAG)
-    assert int(tag) == max(t.info.request_time for t in client.search_traces(locations=[_experiment_id()],
-                                                                              max_results=100))
+    # lag 0: the checkpoint is the newest end time seen
+    assert int(tag) == max(t.info.request_time + t.info.execution_duration
+                           for t in client.search_traces(locations=[_experiment_id()], max_results=100))
     assert "rag eval budget: 5 rows, judge local:minilm-l6: no paid LLM call (cost $0)" in capsys.readouterr().err
 
 
@@ -181,33 +187,42 @@ def test_a_run_that_reaches_max_cost_stops_and_keeps_what_it_scored(app, monkeyp
     ids = app.serve(QUESTIONS[:10])
     # Each reply reports 200k prompt tokens ($0.03 at gpt-4o-mini's price): far above the estimate.
     with FakeJudgeServer(model="gpt-4o-mini", reply=_costly_reply(200_000)) as server:
-        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=0.05, page_size=2)
-    assert out.estimate.cost_usd < 0.05 and server.calls == 2
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=0.05, page_size=2,
+                              lag=0)
+    # The first trace's reply cost 0.03, hundreds of times its estimate: the next trace is
+    # reserved at that rate, which the cap no longer allows. The cap holds: spent <= max_cost.
+    assert out.estimate.cost_usd < 0.05 and server.calls == 1
     client = MlflowClient()
     ids = sorted(ids, key=lambda t: (client.get_trace(t).info.request_time, t))  # the order traces are read in
-    assert out.scored == ids[:2] and out.skipped == {"not scored: the budget was reached": 8}
+    assert out.scored == ids[:1] and out.skipped == {"not scored: the budget was reached": 9}
     tags = MlflowClient().get_run(out.run_id).data.tags
-    assert tags["rag_eval.budget.stopped"].startswith("max_cost=$0.05 reached: $0.0600 spent")
-    assert tags["rag_eval.budget.rows_not_scored"] == "8"
-    client = MlflowClient()
-    assert [len(_our_feedback(client, t)) for t in ids] == [1, 1] + [0] * 8
+    assert tags["rag_eval.budget.stopped"].startswith("max_cost=$0.05 reached: $0.0300 spent")
+    assert float(tags["rag_eval.budget.spent_usd"]) <= 0.05 and tags["rag_eval.budget.rows_not_scored"] == "9"
+    assert tags["rag_eval.judge.calls"] == "1" and tags["rag_eval.judge.tokens_in"] == "200000"
+    assert [len(_our_feedback(client, t)) for t in ids] == [1] + [0] * 9
     # The checkpoint stays before the first trace left unscored: the next run picks it up.
-    assert out.checkpoint_ms == client.get_trace(ids[2]).info.request_time - 1
+    assert out.checkpoint_ms == client.get_trace(ids[1]).info.request_time - 1
 
 
-def test_a_failed_judgement_is_a_feedback_with_an_error_and_is_not_asked_again(app, monkeypatch):
+def test_a_failed_judgement_is_a_feedback_with_an_error_and_is_judged_again(app, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     (trace_id,) = app.serve(QUESTIONS[:1])
     broken = Reply(body={"id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
                          "choices": [{"index": 0, "finish_reason": "stop",
                                       "message": {"role": "assistant", "content": "no JSON here"}}]})
+    client = MlflowClient()
     with FakeJudgeServer(model="gpt-4o-mini", reply=broken) as server:
-        evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server))
-        feedback = _our_feedback(MlflowClient(), trace_id)["faithfulness"]
+        evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), since_last=True, lag=0)
+        feedback = _our_feedback(client, trace_id)["faithfulness"]
         assert feedback.value is None and feedback.error.error_code == "ParseError"
-        calls = server.calls
-        again = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server))
-        assert again.scored == [] and server.calls == calls
+        assert client.get_trace(trace_id).info.tags["mlflow_rag_eval.retry"] == "true"
+        server.reply = None  # the judge answers again
+        again = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), since_last=True, lag=0)
+    assert again.scored == [trace_id]  # behind the checkpoint, read again for its retry tag
+    mine = [a for a in client.get_trace(trace_id).info.assessments if a.name == "faithfulness"]
+    assert [(a.valid, a.error is None) for a in mine] == [(False, False), (True, True)]
+    assert mine[1].overrides == mine[0].assessment_id
+    assert "mlflow_rag_eval.retry" not in client.get_trace(trace_id).info.tags
 
 
 def test_the_data_route_and_the_plugin_refuse_an_estimate_above_max_cost(tracking_uri, monkeypatch, tmp_path):
@@ -261,3 +276,236 @@ def test_the_estimate_counts_the_templates_calls_and_prices(monkeypatch):
                                                + estimate.tokens_out * price["output"]) / 1e6, rel=1e-3)
     local = estimate_cost(suite.metrics, records, get_judge("scripted"))
     assert local.cost_usd == 0.0
+
+
+# --------------------------------------------------------------------------- issue 36: left to cron
+
+
+def _rag_trace(question: str, *, tags=None, expectations=(), documents=None, start_ns=None, end_ns=None,
+               error: bool = False) -> str:
+    """A trace as a RAG app writes it: a root span and a RETRIEVER span; ``start_ns``/``end_ns``
+    for a request that ran long (MLflow writes it when it ends, stamped with its start)."""
+    docs = documents if documents is not None else [
+        {"page_content": "Bikes travel for a flat fare of 5 euros.", "metadata": {"doc_uri": "p1"}},
+        {"page_content": "Dogs travel free.", "metadata": {"doc_uri": "p2"}}]
+    root = mlflow.start_span_no_context("app", inputs={"question": question}, start_time_ns=start_ns, tags=tags)
+    child = mlflow.start_span_no_context("search", span_type=SpanType.RETRIEVER, parent_span=root,
+                                         start_time_ns=start_ns)
+    child.set_outputs(docs)
+    child.end(end_time_ns=end_ns)
+    root.set_outputs({"answer": "A bike ticket costs 5 euros."})
+    root.end(end_time_ns=end_ns, status="ERROR" if error else "OK")
+    mlflow.flush_trace_async_logging()
+    for name, value in expectations:
+        mlflow.log_expectation(trace_id=root.trace_id, name=name, value=value,
+                               source=AssessmentSource(AssessmentSourceType.HUMAN, "labeler"))
+    return root.trace_id
+
+
+def test_a_filter_in_mlflows_grammar_selects_by_tag_metadata_and_status_with_the_time_window(tracking_uri,
+                                                                                             local_judge):
+    prod = [_rag_trace(f"Bike fare {i}?", tags={"env": "prod"}) for i in range(3)]
+    dev = _rag_trace("Bike fare dev?", tags={"env": "dev"})
+    failed = _rag_trace("Bike fare failed?", tags={"env": "prod"}, error=True)
+    client = MlflowClient()
+    client.set_trace_tag(dev, "team", "search")
+    out = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, filter_string="tags.env = 'prod'")
+    assert sorted(out.scored) == sorted(prod + [failed]) and out.read == 4
+    with_status = evaluate_traces("tests", metrics=["context_relevance"], judge=local_judge, since="24h",
+                                  filter_string="tags.env = 'prod' AND trace.status = 'OK'")
+    assert sorted(with_status.scored) == sorted(prod)
+    later = _rag_trace("Bike fare later?", tags={"env": "prod"})
+    since_last = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, since_last=True,
+                                 filter_string="tags.env = 'prod'")
+    assert since_last.scored == [later]
+    # trace metadata, through the CLI
+    source_run = client.get_trace(dev).info.trace_metadata.get("mlflow.user")
+    assert source_run  # MLflow stamps the user on every trace
+    result = CliRunner().invoke(main, ["evaluate", "--traces", "tests", "--metrics", "faithfulness",
+                                       "--filter", f"metadata.`mlflow.user` = '{source_run}' AND tags.env = 'dev'",
+                                       "--tracking-uri", mlflow.get_tracking_uri()])
+    assert result.exit_code == 0, result.output
+    assert set(_our_feedback(client, dev)) == {"faithfulness"}
+
+
+def _corrupt_spans(tracking_uri: str, trace_id: str) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(tracking_uri.removeprefix("sqlite:///"))
+    with con:
+        changed = con.execute("UPDATE spans SET content = 'not json' WHERE trace_id = ?", (trace_id,)).rowcount
+    con.close()
+    assert changed, "the store keeps no span rows for this trace"
+
+
+def test_a_trace_whose_spans_do_not_decode_is_skipped_by_id_and_the_others_scored(tracking_uri, local_judge):
+    good = [_rag_trace(f"Bike fare {i}?") for i in range(5)]
+    bad = _rag_trace("Bike fare broken?")
+    _corrupt_spans(tracking_uri, bad)
+    out = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, page_size=3)
+    assert sorted(out.scored) == sorted(good)
+    (reason,) = [r for r in out.skipped if r.startswith("unreadable: it cannot be fetched or decoded")]
+    assert out.skipped[reason] == 1 and list(out.unreadable) == [bad]
+    tagged = MlflowClient().search_traces(locations=[_experiment_id()], include_spans=False,
+                                          filter_string="tags.`mlflow_rag_eval.retry` = 'true'")
+    assert [t.info.trace_id for t in tagged] == [bad]  # read again next time
+    again = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, since_last=True, lag=0)
+    assert list(again.unreadable) == [bad] and again.scored == [] and again.read == 6  # the bad one read again
+
+
+def test_invalid_expectations_skip_their_trace_only_and_it_is_scored_once_fixed(tracking_uri, local_judge):
+    good = [_rag_trace(f"Dogs {i}?", expectations=[("relevant_ids", ["p2"])]) for i in range(3)]
+    bad = _rag_trace("Dogs bad?", expectations=[("relevant_ids", {"p0": "inf", "p1": 1})])
+    out = evaluate_traces("tests", metrics=["hit@5"], judge=local_judge, since_last=True, lag=0)
+    assert sorted(out.scored) == sorted(good)
+    assert all(_our_feedback(MlflowClient(), t)["hit_at_5"].value == 1.0 for t in good)
+    assert out.unreadable == {bad: "its Expectation 'relevant_ids' is invalid: grade of id 'p0' must be a number, "
+                                    "got str"}
+    mlflow.log_expectation(trace_id=bad, name="relevant_ids", value=["p1"],  # the newest Expectation wins
+                           source=AssessmentSource(AssessmentSourceType.HUMAN, "labeler"))
+    fixed = evaluate_traces("tests", metrics=["hit@5"], judge=local_judge, since_last=True, lag=0)
+    assert fixed.scored == [bad] and _our_feedback(MlflowClient(), bad)["hit_at_5"].value == 1.0
+    assert "mlflow_rag_eval.retry" not in MlflowClient().get_trace(bad).info.tags
+
+
+@pytest.mark.parametrize(("name", "value", "reason"), [
+    ("relevant_ids", [{"id": "p1", "grade": 2}, {"id": "p1", "grade": 1}], "id 'p1' is listed twice, with grades 2 and 1"),
+    ("relevant_ids", {"p1": True}, "grade of id 'p1' must be a number, got bool"),
+    ("answerable", "false", "must be a boolean, got 'false'"),
+])
+def test_expectations_are_read_by_the_data_routes_rules(tracking_uri, name, value, reason):
+    trace_id = _rag_trace("Bike fare?", expectations=[(name, value)])
+    with pytest.raises(UnreadableTrace, match="is invalid") as refused:
+        record_from_trace(MlflowClient().get_trace(trace_id))
+    assert refused.value.reason == f"its Expectation {name!r} is invalid: {reason}"
+
+
+def test_nested_retrievers_give_the_outer_ones_documents(tracking_uri):
+    with mlflow.start_span("app") as root:
+        root.set_inputs({"question": "Bike fare?"})
+        with mlflow.start_span("hybrid", span_type=SpanType.RETRIEVER) as outer:
+            with mlflow.start_span("bm25", span_type=SpanType.RETRIEVER) as inner:
+                inner.set_outputs([{"page_content": "Dogs travel free.", "metadata": {"doc_uri": "p2"}}])
+            outer.set_outputs([{"page_content": "Bikes cost 5 euros.", "metadata": {"doc_uri": "p1"}}])
+        root.set_outputs({"answer": "5 euros."})
+    mlflow.flush_trace_async_logging()
+    record = record_from_trace(MlflowClient().get_trace(root.trace_id))
+    assert record.context_ids == ["p1"]  # what the generator was given, not the inner span's (started last)
+
+
+def test_a_reviewers_verdict_is_never_scored_over(tracking_uri, local_judge):
+    overridden, human = _rag_trace("Bike fare?"), _rag_trace("Dogs?")
+    evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge)
+    client = MlflowClient()
+    ours = _our_feedback(client, overridden)["faithfulness"]
+    mlflow.override_feedback(trace_id=overridden, assessment_id=ours.assessment_id, value=0.0,
+                             source=AssessmentSource(AssessmentSourceType.HUMAN, "reviewer"))
+    mlflow.log_feedback(trace_id=human, name="context_relevance", value=0.0,
+                        source=AssessmentSource(AssessmentSourceType.HUMAN, "reviewer"))
+    again = evaluate_traces("tests", metrics=["faithfulness", "context_relevance"], judge=local_judge)
+    # only context_relevance on the overridden trace is left: the person's verdicts stand
+    assert again.scored == [overridden] and set(_our_feedback(client, overridden)) == {"faithfulness",
+                                                                                      "context_relevance"}
+    faithfulness = [a for a in client.get_trace(overridden).info.assessments if a.name == "faithfulness"]
+    assert [(a.source.source_type, a.valid) for a in faithfulness] == [("LLM_JUDGE", False), ("HUMAN", True)]
+    relevance = [a for a in client.get_trace(human).info.assessments if a.name == "context_relevance"]
+    assert [a.source.source_type for a in relevance] == ["HUMAN"]
+    assert evaluate_traces("tests", metrics=["faithfulness", "context_relevance"], judge=local_judge).scored == []
+
+
+def test_a_long_request_written_after_the_checkpoint_passed_its_start_is_scored(tracking_uri, local_judge):
+    import time
+
+    start = time.time_ns()
+    _rag_trace("Bike fare first?")
+    first = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, since_last=True, lag="60s")
+    # a request that started before the first run and ended after it
+    late = _rag_trace("Bike fare long?", start_ns=start - 5_000_000_000, end_ns=time.time_ns())
+    assert first.checkpoint_ms < MlflowClient().get_trace(late).info.request_time + 60_000
+    second = evaluate_traces("tests", metrics=["faithfulness"], judge=local_judge, since_last=True, lag="60s")
+    assert second.scored == [late]
+    assert second.skipped == {"already scored by this judge (the trace carries the Feedback)": 1}  # the overlap
+
+
+def test_experiments_are_named_by_prefix_and_an_ambiguous_bare_value_is_refused(tracking_uri, local_judge):
+    _rag_trace("Bike fare?")
+    tests_id = _experiment_id()
+    other = MlflowClient().create_experiment(tests_id)  # an experiment *named* like the id of "tests"
+    uri = mlflow.get_tracking_uri()
+    result = CliRunner().invoke(main, ["evaluate", "--traces", tests_id, "--metrics", "faithfulness",
+                                       "--tracking-uri", uri])
+    assert result.exit_code == 2 and "is ambiguous" in result.output and f"id:{tests_id}" in result.output
+    assert MlflowClient().search_runs([tests_id, other]) == []
+    assert evaluate_traces(f"id:{tests_id}", metrics=["faithfulness"], judge=local_judge).experiment_id == tests_id
+    assert evaluate_traces(f"name:{tests_id}", metrics=["faithfulness"], judge=local_judge).experiment_id == other
+
+
+def test_a_server_that_does_not_answer_like_mlflow_is_an_error(tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Empty(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _empty(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = _empty
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Empty)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = CliRunner().invoke(main, ["evaluate", "--traces", "prod", "--metrics", "hit@5",
+                                           "--tracking-uri", f"http://127.0.0.1:{server.server_port}"])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 2, result.output
+    assert "does not answer like MLflow" in result.output
+
+
+def test_the_estimate_counts_only_what_the_judge_cache_cannot_answer(app, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("MLFLOW_RAG_EVAL_CACHE_DIR", str(tmp_path / "judge_cache"))
+    app.serve(QUESTIONS[:3])
+    with FakeJudgeServer(model="gpt-4o-mini") as server:
+        def judge():
+            return get_judge(f"openai:/gpt-4o-mini?base_url={server.base_url}")  # the reply cache on
+
+        first = evaluate_traces("tests", metrics=["faithfulness"], judge=judge())
+        calls = server.calls
+        assert first.estimate.cost_usd > 0 and calls >= 3 and first.spending["calls"] == calls
+        app.serve(QUESTIONS[:3])  # the same requests again: the cache holds every reply
+        again = evaluate_traces("tests", metrics=["faithfulness"], judge=judge(),
+                                max_cost=first.estimate.cost_usd / 10)  # refused before, though it costs 0
+    assert again.estimate.cost_usd == 0 and again.estimate.calls == 0 and len(again.scored) == 3
+    assert server.calls == calls and again.spending["calls"] == 0 and again.spending["cache_hits"] == calls
+
+
+def test_replies_without_usage_are_charged_at_the_estimate_and_the_cap_holds(app, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    app.serve(QUESTIONS[:10])
+    content = json.dumps({"claims": [{"claim": "The fare is 5 euros.", "supported": True, "reason": "stated",
+                                      "evidence": None, "passage": 0}]})
+    no_usage = Reply(body={"id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": content}}]})
+    with FakeJudgeServer(model="gpt-4o-mini", reply=no_usage) as server:
+        probe = _llm(server)
+        records = [record_from_trace(t) for t in MlflowClient().search_traces(locations=[_experiment_id()],
+                                                                            max_results=10)]
+        suite = prepare_suite(["faithfulness"], probe, {"answer", "contexts"})
+        estimate = estimate_cost(suite.metrics, records, probe)
+        per_call = estimate.cost_usd / estimate.calls
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=1.2 * estimate.cost_usd)
+    assert out.spending["usage_unknown"] == out.spending["calls"] == server.calls == 10
+    assert out.budget.spent == pytest.approx(server.calls * per_call) == pytest.approx(estimate.cost_usd)  # never $0
+    assert len(out.scored) == 10 and out.budget.stopped is None
+    assert MlflowClient().get_run(out.run_id).data.tags["rag_eval.budget.spent_usd"] == f"{out.budget.spent:.6f}"
+    err = capsys.readouterr().err
+    assert "judge: 10 calls, 0 cache hits" in err and "(10 replies without usage, charged at the estimate)" in err

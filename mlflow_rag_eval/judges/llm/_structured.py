@@ -106,6 +106,8 @@ def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], 
             return parsed
         except ReplyParseError:
             pass  # a stale or foreign entry: ask again
+    if transport.cache_only:
+        raise JudgeFailure("NotCached", "no cached reply (a cache probe asks no provider)")
     try:
         parsed, reply, mode = _validated_reply(transport, request, validate, deadline)
     except JudgeUnreachable:

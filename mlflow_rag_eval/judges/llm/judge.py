@@ -31,10 +31,11 @@ answered the configured way by the model asked keeps the fingerprint it had befo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -220,6 +221,21 @@ class LLMJudge(Judge):
 
     def close(self) -> None:
         self._rows.close()
+
+    @contextlib.contextmanager
+    def cache_probe(self) -> Iterator[None]:
+        """Within it, a call the cache cannot answer fails at once (``NotCached``) instead of
+        asking the provider, and nothing it did is left in the usage: what an estimate asks to
+        count only the calls a run will pay for. Not for use while the judge scores elsewhere."""
+        usage, reported = self.usage_.snapshot(), list(self._transport._reported)
+        self._transport.cache_only = True
+        try:
+            yield
+        finally:
+            self._transport.cache_only = False
+            self.usage_.restore(usage)
+            with self._transport._reported_lock:
+                self._transport._reported[:] = reported
 
     # -- structured calls: our templates and other libraries' prompts -------------------------------
     def _key_for(self, ref: str, messages: list[dict[str, str]], schema: dict[str, Any] | None,

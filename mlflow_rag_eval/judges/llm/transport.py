@@ -186,6 +186,8 @@ class Transport:
         self._limiter = RateLimiter(self.rate_limit) if self.rate_limit else None
         self._reported: list[str] = []  # the models replies reported, in the order first seen
         self._reported_lock = threading.Lock()
+        #: a cache probe (:meth:`LLMJudge.cache_probe`): a reply not in the cache is not asked for
+        self.cache_only = False
 
     @property
     def response_format(self) -> str:

@@ -89,6 +89,18 @@ class Usage:
             for name, tally in counts.items():
                 getattr(self, name).update({k: int(v) for k, v in (tally or {}).items()})
 
+    def snapshot(self) -> dict[str, Any]:
+        """Every total as it is now (for :meth:`restore`)."""
+        with self._lock:
+            return {f.name: Counter(getattr(self, f.name)) if isinstance(getattr(self, f.name), Counter)
+                    else getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Put the totals back as :meth:`snapshot` took them (what a cache probe counted is undone)."""
+        with self._lock:
+            for name, value in snapshot.items():
+                setattr(self, name, Counter(value) if isinstance(value, Counter) else value)
+
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             out = {
