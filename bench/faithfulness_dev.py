@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 
 from mlflow_rag_eval._util.text import content_tokens  # noqa: E402
 from mlflow_rag_eval.calibration.calibrate import agreement  # noqa: E402
+from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder  # noqa: E402
 from mlflow_rag_eval.judges.local_model.embedding import Embedder  # noqa: E402
 from mlflow_rag_eval.judges.local_model.support_model import (  # noqa: E402
     SupportModel,
@@ -94,10 +95,13 @@ def main() -> None:
     pairs = [p for f in sorted(Path(args.data_dir).glob("*_dev.jsonl")) for p in load_pairs(f)]
     sources = sorted({source_of(p) for p in pairs})
     embedder = Embedder()
-    featurize = Featurizer(embedder)
+    cross_encoder = load_cross_encoder()
+    featurize = Featurizer(embedder, cross_encoder)
     claims = [(c, [p.context]) for p in pairs for c in answer_claims(p.answer)]
     owner = np.array([i for i, p in enumerate(pairs) for _ in answer_claims(p.answer)])
-    X = featurize(claims)
+    t0 = time.perf_counter()
+    X = featurize(claims)  # every feature, the cross-encoder's included
+    print(f"features of {len(claims)} claims (cross-encoder included): {time.perf_counter() - t0:.0f} s")
     labels = np.array([p.label for p in pairs])
     source = np.array([source_of(p) for p in pairs])
 
@@ -111,24 +115,29 @@ def main() -> None:
     before_scores = per_answer(before.predict(X))
     print(f"rows: {len(pairs)} ({labels.sum()} supported), claims: {len(X)}, sources: {sources}, seed {args.seed}")
     print(f"{'held-out source':<16} {'judge':<44} {'AUROC':>6} {'bal.acc':>8} {'threshold':>10}")
-    rows = {"baseline": [], "before": [], "recipe": []}
+    rows = {"baseline": [], "before": [], "recipe": [], "cross": []}
     northwind = load_pairs(NORTHWIND_PAIRS)
     for test in sources:
         held = source == test
         train = [s for s in sources if s != test]
         t_base = worst_source_threshold([base[source == s] for s in train], [labels[source == s] for s in train])
-        model = train_support_model(corpus, [p for p in pairs if source_of(p) != test] + northwind,
-                                    seed=args.seed, embedder=embedder)
+        training = [p for p in pairs if source_of(p) != test] + northwind
+        model = train_support_model(corpus, training, seed=args.seed, embedder=embedder, per_passage=4)  # as v4 was
         support = per_answer(model.predict(X))
+        with_ce = train_support_model(corpus, training, seed=args.seed, embedder=embedder, cross_encoder=cross_encoder,
+                                      per_passage=1)
+        support_ce = per_answer(with_ce.predict(X))
         for key, name, scores, t in (
             ("baseline", "20-line baseline (cosine + containment)", base, t_base),
             ("before", "model before (SummEdits only, fixed)", before_scores, before.threshold),
-            ("recipe", f"support model trained on {' + '.join(train)}", support, model.threshold),
+            ("recipe", f"v4 support model on {' + '.join(train)}", support, model.threshold),
+            ("cross", f"v5 + cross-encoder on {' + '.join(train)}", support_ce, with_ce.threshold),
         ):
             auroc, bacc = figures(scores[held], labels[held], t)
             rows[key].append((auroc, bacc))
             print(f"{test:<16} {name:<44} {auroc:>6.3f} {bacc:>8.3f} {t:>10.3f}")
-    for key, name in (("baseline", "20-line baseline"), ("before", "model before"), ("recipe", "support model")):
+    for key, name in (("baseline", "20-line baseline"), ("before", "model before"), ("recipe", "v4 support model"),
+                      ("cross", "v5 + cross-encoder")):
         (auroc, bacc), (low_auroc, low_bacc) = np.mean(rows[key], axis=0), np.min(rows[key], axis=0)
         print(f"{'mean (lowest)':<16} {name:<44} {auroc:>6.3f} {bacc:>8.3f}   lowest AUROC {low_auroc:.3f}, "
               f"lowest bal.acc {low_bacc:.3f}")
@@ -138,7 +147,31 @@ def main() -> None:
         f"{s} {figures(scores[source == s], labels[source == s], shipped.threshold)[0]:.3f}/"
         f"{figures(scores[source == s], labels[source == s], shipped.threshold)[1]:.3f}" for s in sources)
         + f" (AUROC/bal.acc at its threshold {shipped.threshold:.3f})")
+    breaking_held_out(cross_encoder)
     print(f"time: {time.perf_counter() - start:.1f} s")
+
+
+def breaking_held_out(cross_encoder) -> None:
+    """The cross-encoder alone on the Breaking NLI categories its training pairs leave out
+    (``training_data/entailment_pairs.py``: HELD_OUT_BREAKING), P(entailed) >= 0.5 as its decision."""
+    import gzip
+    import json
+
+    sys.path.insert(0, str(ROOT / "training_data"))
+    from entailment_pairs import HELD_OUT_BREAKING
+
+    path = ROOT.parent / "shared" / "data" / "nli" / "breaking_nli.jsonl.gz"
+    if not path.exists():
+        print(f"held-out Breaking NLI: {path} not found")
+        return
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    for category in (*HELD_OUT_BREAKING, "all three"):
+        chosen = [r for r in rows if r["category"] == category or (category == "all three"
+                                                                  and r["category"] in HELD_OUT_BREAKING)]
+        p = cross_encoder.entailment([(r["hypothesis"], r["premise"]) for r in chosen])
+        y = np.array([r["label"] == "entailment" for r in chosen])
+        print(f"held-out Breaking NLI {category:<10} n={len(chosen):>5}: accuracy {np.mean((p >= 0.5) == y):.3f} "
+              f"(entailed {y.sum()}, not {len(y) - y.sum()})")
 
 
 if __name__ == "__main__":

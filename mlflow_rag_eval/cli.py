@@ -399,21 +399,20 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 @click.option("--answer-corruption-weight", type=float, default=0.05, show_default=True,
               help="Total weight of a source's corrupted sentences of answers labelled 1 (negatives) against its "
                    "labelled pairs (1); 0: none.")
-@click.option("--cross-encoder", "cross_encoder_path", default=None, type=click.Path(dir_okay=False),
-              help="The cross-encoder whose entailment the support model reads (default: the shipped one).")
-@click.option("--no-cross-encoder", is_flag=True,
-              help="Train without the cross-encoder's features (a faster, weaker judge).")
+@click.option("--cross-encoder", "use_cross_encoder", is_flag=True,
+              help="Also read the shipped cross-encoder's entailment of each claim (slower; not yet the default: "
+                   "see the README's local judge section).")
 @click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,
               help="Also fine-tune a cross-encoder on one-word edits of your corpus and your labelled pairs, "
                    "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
                    "Written beside --out as OUT.cross_encoder.safetensors.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
 def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight,
-                      cross_encoder_path, no_cross_encoder, adapt_cross_encoder, out) -> None:
+                      use_cross_encoder, adapt_cross_encoder, out) -> None:
     """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
 
-    The support model reads the shipped cross-encoder's entailment by default; with
-    --train-cross-encoder a cross-encoder adapted to your corpus is trained first and used.
+    With --cross-encoder the support model also reads the shipped cross-encoder's entailment;
+    with --train-cross-encoder a cross-encoder adapted to your corpus is trained first and read.
 
     Exit code 2: no corpus or labels, or no training example in them.
     """
@@ -426,10 +425,10 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
     try:
         passages = [p for c in corpora for p in load_corpus(c)]
         pairs = [p for f in labels for p in load_pairs(f)]
-        cross_encoder = None
+        cross_encoder, cross_encoder_path = None, None
         if adapt_cross_encoder:
             cross_encoder_path = str(_adapt_cross_encoder(passages, pairs, out, seed))
-        if not no_cross_encoder:
+        if use_cross_encoder or adapt_cross_encoder:
             cross_encoder = load_cross_encoder(cross_encoder_path)
         model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
                                     synthetic_weight=synthetic_weight,

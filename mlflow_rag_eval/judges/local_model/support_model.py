@@ -46,12 +46,14 @@ FEATURES = (
     "missing_words", "unmatched_words", "missing_numbers", "missing_dates", "missing_names",
     "negation_mismatch", "negation_added", "modality_added", "quantity_added", "length_ratio", "log_length",
     "coverage_unit", "coverage_top3", "prefix_coverage_unit", "numbers_off_unit", "names_off_unit",
-    "negation_mismatch_unit", "entail_best", "entail_max",
+    "negation_mismatch_unit", "entailment",
 )
 #: Features that come from the cross-encoder (a model without them never runs it).
-ENTAILMENT_FEATURES = ("entail_best", "entail_max")
-#: The units (sentences and adjacent pairs) a claim is cross-encoded against: its best ones by cosine.
-ENTAILMENT_UNITS = 2
+ENTAILMENT_FEATURES = ("entailment",)
+#: The units (sentences and adjacent pairs) a claim is cross-encoded against: its best ones by
+#: cosine. One: the cross-encoder is the judge's cost (a second unit doubled it for no gain we
+#: could measure in the time we had).
+ENTAILMENT_UNITS = 1
 
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot|den(?:y|ies|ied)|refus\w*|fail\w*)\b|n't\b", re.I
@@ -143,7 +145,7 @@ def support_features(claims: Sequence[tuple[str, np.ndarray, Premise]], cross_en
     over every claim's :data:`ENTAILMENT_UNITS` best units (distinct pairs only); without a
     cross-encoder the entailment features are 0 (a model that uses them must be given one)."""
     ranked = [ranked_units(v, p) for _, v, p in claims]
-    entail: list[tuple[float, float] | None] = [None] * len(claims)
+    entail: list[float | None] = [None] * len(claims)
     if cross_encoder is not None:
         # A claim that is one of the passages' sentences word for word is entailed: no model needed
         # (answers that copy a retrieved sentence are common, and the cross-encoder is the cost).
@@ -153,18 +155,17 @@ def support_features(claims: Sequence[tuple[str, np.ndarray, Premise]], cross_en
         probs = dict(zip(pairs, cross_encoder.entailment(pairs))) if pairs else {}
         for k, ((c, _, p), units) in enumerate(zip(claims, ranked)):
             if units and copied[k]:
-                entail[k] = (1.0, 1.0)
+                entail[k] = 1.0
             elif units:
-                values = [probs[(c, p.units[u][0])] for u in units]
-                entail[k] = (values[0], max(values))
+                entail[k] = max(probs[(c, p.units[u][0])] for u in units)
     return [claim_features(c, v, p, entail[k]) for k, (c, v, p) in enumerate(claims)]
 
 
 def claim_features(claim: str, vector: np.ndarray, premise: Premise,
-                   entail: tuple[float, float] | None = None) -> tuple[np.ndarray, int]:
+                   entail: float | None = None) -> tuple[np.ndarray, int]:
     """The feature vector of ``claim`` (in :data:`FEATURES` order) and its best unit's index.
-    ``entail``: the cross-encoder's P(entailed) for the best unit by cosine and the highest over
-    the best units (:func:`support_features` computes it)."""
+    ``entail``: the cross-encoder's highest P(entailed) over the claim's best units
+    (:func:`support_features` computes it)."""
     sims = premise.vectors @ vector if len(premise.units) else np.zeros(0)
     singles = sims[: premise.n_sentences]
     if len(singles):
@@ -208,7 +209,7 @@ def claim_features(claim: str, vector: np.ndarray, premise: Premise,
         len(tokens) / max(len(best_tokens), 1),
         math.log1p(len(tokens)),
         *_local_features(claim, tokens, claim_names, singles, premise, best_unit),
-        *(entail or (0.0, 0.0)),
+        entail or 0.0,
     )
     return np.asarray(values, dtype=np.float64), best_unit
 

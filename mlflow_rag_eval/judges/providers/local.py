@@ -46,7 +46,7 @@ __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v5"  # v5: the cross-encoder's entailment in the support model; v4: abstention per answer
+RULES_VERSION = "local-rules-v4"  # v4: abstention per answer, negative facts kept as claims
 
 #: A sentence about what the speaker or the sources cannot tell, not a fact about the world:
 #: "I don't know", "the documents do not say ...", "there is no information on ...", "this cannot
@@ -336,10 +336,11 @@ _THRESHOLDS = tuple(f.name for f in dataclasses.fields(LocalJudgeSettings) if f.
 def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> LocalJudge:
     """The ``build`` of the ``local`` scheme: ``options`` are thresholds, as in the name (a
     keyword overrides the name's value)."""
-    unknown = sorted(set(options) - set(_THRESHOLDS))
+    allowed = (*_THRESHOLDS, "cross_encoder")  # cross_encoder: a path, for a model trained on another one
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
-            f"unknown option(s) {unknown} for judge {name!r}; allowed: {sorted(_THRESHOLDS)} "
+            f"unknown option(s) {unknown} for judge {name!r}; allowed: {sorted(allowed)} "
             "(LLM settings such as timeout or temperature do not apply to the local judge)"
         )
     return LocalJudge(settings, **options)

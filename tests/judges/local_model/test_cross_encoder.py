@@ -108,7 +108,7 @@ def test_the_recipe_on_a_slice_is_deterministic_and_learns(tmp_path):
     outs = []
     for k in range(2):
         out = tmp_path / f"ce{k}.safetensors"
-        meta = train_cross_encoder(pairs, out, epochs=2, seed=3, log=lambda _: None)
+        meta = train_cross_encoder(pairs, out, epochs=4, seed=3, threads=1, log=lambda _: None)
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert meta["training"]["pairs_digest"] == pairs_digest(pairs) and meta["training"]["seed"] == 3
@@ -135,3 +135,37 @@ def test_the_shipped_cross_encoder_ranks_a_paraphrase_above_a_changed_word():
     ]
     p = ce.entailment([(claim, context) for context, *claims in cases for claim in claims]).reshape(-1, 2)
     assert (p[:, 0] > p[:, 1] + 0.1).all(), p
+
+
+def test_a_support_model_trained_on_the_cross_encoder_runs_it_and_names_it(tmp_path):
+    """`train-local-judge --cross-encoder`: the model reads the entailment feature, the judge
+    runs the cross-encoder for it, fingerprints its weights, and refuses another cross-encoder."""
+    from click.testing import CliRunner
+
+    from mlflow_rag_eval.cli import main
+    from mlflow_rag_eval.judges import get_judge
+    from mlflow_rag_eval.judges.base import VerifyItem
+    from mlflow_rag_eval.judges.local_model.support_model import SupportModel
+
+    corpus = tmp_path / "passages.txt"
+    corpus.write_text("Northwind Rail was founded in 1994 as Northwind Regional Railways. The company adopted the "
+                      "name Northwind Rail in 2003.\n\nIn March the company ordered 12 trains from Alstom, which were "
+                      "delivered to Leeds on a Friday. The trains were not new.\n")
+    out = tmp_path / "mine.json"
+    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(corpus), "--cross-encoder", "--out",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    model = SupportModel.from_json(out.read_text())
+    assert model.uses_entailment and model.training["cross_encoder_sha256"] == load_cross_encoder().sha256[:16]
+    judge = get_judge(f"local:{out}")
+    assert judge.cross_encoder is load_cross_encoder()
+    assert judge.info().params["cross_encoder_sha256"] == load_cross_encoder().sha256[:16]
+    (verdicts,) = judge.verify([VerifyItem(passages=["The company adopted the name Northwind Rail in 2003."],
+                                           claims=["In 2003 the company took the name Northwind Rail."])])
+    assert 0.0 <= verdicts[0].score <= 1.0
+    assert get_judge("local:minilm-l6").cross_encoder is None  # the shipped model reads none: never run
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(default_cross_encoder_path().read_bytes())
+    other.with_suffix(".json").write_text(default_cross_encoder_path().with_suffix(".json").read_text() + " ")
+    with pytest.raises(ValueError, match="trained on the cross-encoder"):
+        get_judge(f"local:{out}", cross_encoder=str(other))
