@@ -22,7 +22,6 @@ import hashlib
 import json
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +31,9 @@ from mlflow_rag_eval.judges.local_model.encoder import (
     TOKENS_PER_STEP,
     BertEncoder,
     _Layer,
-    one_blas_thread,
     plan_steps,
     read_safetensors,
+    run_steps,
 )
 from mlflow_rag_eval.judges.local_model.model_files import files_sha256
 
@@ -148,15 +147,7 @@ class CrossEncoder:
             return _head(states[:, 0], self.head)
 
         out = np.empty(len(inputs), dtype=np.float64)
-        workers = min(self.base.workers, len(steps))
-        with one_blas_thread():
-            if workers > 1:
-                with ThreadPoolExecutor(workers, thread_name_prefix="mlflow-rag-eval-cross-encoder") as pool:
-                    for chunk, values in zip(steps, pool.map(run, steps)):
-                        out[chunk] = values
-            else:
-                for chunk in steps:
-                    out[chunk] = run(chunk)
+        run_steps(steps, run, out, self.base.workers, "mlflow-rag-eval-cross-encoder")
         return out
 
     def entailment(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 
 from mlflow_rag_eval.judges.local_model.cross_encoder import pair_windows
 from mlflow_rag_eval.judges.local_model.embedding import load_model, model_files_sha256, resolve_model_path
-from mlflow_rag_eval.judges.local_model.encoder import TOKENS_PER_STEP, one_blas_thread, plan_steps, read_safetensors
+from mlflow_rag_eval.judges.local_model.encoder import TOKENS_PER_STEP, plan_steps, read_safetensors, run_steps
 
 __all__ = ["EntailmentPair", "estimate_seconds", "load_entailment_pairs", "per_source", "train_cross_encoder", "user_pairs",
            "word_relations", "write_safetensors"]
@@ -58,19 +58,11 @@ class EntailmentPair:
 def load_entailment_pairs(path: str | Path) -> list[EntailmentPair]:
     """Pairs from a JSON-lines file (or ``.jsonl.gz``) with ``claim``, ``premise``, ``label`` (0/1)
     and optional ``source`` and ``kind``."""
-    path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    out = []
-    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        try:
-            out.append(EntailmentPair(row["claim"], row["premise"], int(row["label"]), str(row.get("source", "")),
-                                      str(row.get("kind", ""))))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}:{n}: needs claim, premise and a 0/1 label ({exc})") from None
-    return out
+    from mlflow_rag_eval.judges.local_model.training import json_lines
+
+    return json_lines(path, lambda row: EntailmentPair(row["claim"], row["premise"], int(row["label"]),
+                                                       str(row.get("source", "")), str(row.get("kind", ""))),
+                      "claim, premise and a 0/1 label")
 
 
 def estimate_seconds(n_pairs: int, epochs: int = 2) -> float:
@@ -237,8 +229,6 @@ def _weights(pairs: Sequence[EntailmentPair]) -> np.ndarray:
 def _bottom_states(base, inputs: Sequence[tuple[list[int], list[int]]], frozen_layers: int) -> list[np.ndarray]:
     """Each input's hidden states after the frozen bottom layers, float16, computed once by the
     numpy encoder (what the trained top sees at inference), a step per core at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     states: list[np.ndarray | None] = [None] * len(inputs)
 
     def run(chunk: list[int]) -> None:
@@ -253,9 +243,8 @@ def _bottom_states(base, inputs: Sequence[tuple[list[int], list[int]]], frozen_l
         for row, i in enumerate(chunk):
             states[i] = h[row, :len(inputs[i][0])].astype(np.float16)
 
-    steps = plan_steps([len(i) for i, _ in inputs], 64, TOKENS_PER_STEP)
-    with one_blas_thread(), ThreadPoolExecutor(max(1, base.workers), thread_name_prefix="cross-training") as pool:
-        list(pool.map(run, steps))
+    run_steps(plan_steps([len(i) for i, _ in inputs], 64, TOKENS_PER_STEP), run, None, base.workers,
+              "mlflow-rag-eval-cross-training")
     return states
 
 

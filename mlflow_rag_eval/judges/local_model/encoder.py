@@ -32,7 +32,7 @@ import numpy as np
 from mlflow_rag_eval._util.text import readable_prefix
 
 __all__ = ["CHARS_PER_TOKEN", "ENGINE", "TOKENS_PER_STEP", "BertEncoder", "numpy_problem", "one_blas_thread",
-           "plan_steps", "read_safetensors"]
+           "plan_steps", "read_safetensors", "run_steps"]
 
 #: The name the judge's fingerprint records for this forward pass.
 ENGINE = "numpy"
@@ -149,6 +149,23 @@ def plan_steps(lengths: list[int], batch_size: int, tokens_per_step: int) -> lis
         steps.append(order[start:start + max(1, min(batch_size, tokens_per_step // width))])
         start += len(steps[-1])
     return steps
+
+
+def run_steps(steps: list[list[int]], run, out: np.ndarray | None, workers: int, name: str) -> None:
+    """``run(step)`` for every step, one step per core at a time with numpy's BLAS on one thread
+    (see :func:`one_blas_thread`); each step's result goes to ``out[step]`` (None: kept nowhere)."""
+    workers = min(workers, len(steps))
+    with one_blas_thread():
+        if workers > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+                for step, values in zip(steps, pool.map(run, steps)):
+                    if out is not None:
+                        out[step] = values
+        else:
+            for step in steps:
+                values = run(step)
+                if out is not None:
+                    out[step] = values
 
 
 def _json(path: Path) -> dict | list | None:
@@ -387,15 +404,7 @@ class BertEncoder:
             return self._pool(self._forward(tokens, mask), mask)
 
         out = np.empty((len(ids), self.words.shape[1] * len(self.pooling)), dtype=np.float32)
-        workers = min(self.workers, len(steps))
-        with one_blas_thread():
-            if workers > 1:
-                with ThreadPoolExecutor(workers, thread_name_prefix="mlflow-rag-eval-encoder") as pool:
-                    for chunk, vectors in zip(steps, pool.map(embed, steps)):
-                        out[chunk] = vectors
-            else:
-                for chunk in steps:
-                    out[chunk] = embed(chunk)
+        run_steps(steps, embed, out, self.workers, "mlflow-rag-eval-encoder")
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, np.float32(1e-12))
 

@@ -96,9 +96,9 @@ def load_corpus(path: str | Path) -> list[str]:
     return [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
 
 
-def load_pairs(path: str | Path) -> list[LabelledPair]:
-    """Labelled pairs from a JSONL file (or ``.jsonl.gz``) with ``context``, ``answer`` and ``label`` (0/1); the
-    optional ``source`` is kept as the pair's group (a domain, for leave-one-domain-out)."""
+def json_lines(path: str | Path, make, needs: str) -> list:
+    """``make(row)`` for each JSON object of a JSON-lines file (or ``.jsonl.gz``); a row it cannot
+    make is a ValueError naming the file, the line and ``needs``."""
     out = []
     path = Path(path)
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
@@ -107,10 +107,17 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
             continue
         row = json.loads(line)
         try:
-            out.append(LabelledPair(row["context"], row["answer"], int(row["label"]), str(row.get("source", ""))))
+            out.append(make(row))
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}:{n}: needs context, answer and a 0/1 label ({exc})") from None
+            raise ValueError(f"{path}:{n}: needs {needs} ({exc})") from None
     return out
+
+
+def load_pairs(path: str | Path) -> list[LabelledPair]:
+    """Labelled pairs from a JSONL file (or ``.jsonl.gz``) with ``context``, ``answer`` and ``label`` (0/1); the
+    optional ``source`` is kept as the pair's group (a domain, for leave-one-domain-out)."""
+    return json_lines(path, lambda row: LabelledPair(row["context"], row["answer"], int(row["label"]),
+                                                     str(row.get("source", ""))), "context, answer and a 0/1 label")
 
 
 class Featurizer:
