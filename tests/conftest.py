@@ -120,3 +120,16 @@ def refusing_judge(word: str):
         return _default("claims_verdicts", variables)
 
     return LLMJudge(ScriptedBackend({"claims_verdicts": claims}), cache=False)
+
+
+@pytest.fixture(autouse=True)
+def _experiment_id_env_restored():
+    """mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID; a test that calls it outside a fixture
+    that restores it would hand its experiment id to every later test's subprocesses (a store
+    where that id does not exist then refuses them). Restored after every test."""
+    before = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+    else:
+        os.environ["MLFLOW_EXPERIMENT_ID"] = before
