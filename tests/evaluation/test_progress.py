@@ -109,3 +109,28 @@ def test_the_extra_metrics_route_shows_the_bar_on_the_same_rule(monkeypatch, tra
     with mlflow.start_run():
         mlflow.models.evaluate(data=ROWS, predictions="answer", model_type=None, extra_metrics=rag_metrics(["mrr"]))
     assert "rag eval" not in quiet.getvalue()
+
+
+def test_the_bar_says_what_it_counts_and_shows_judge_calls_only_for_a_judge_that_makes_them(monkeypatch,
+                                                                                          local_judge):
+    """Issue 37: the bar counted rows x metrics under the unit "row", and showed calls=0,
+    cached=0 for a judge that calls no provider."""
+    from mlflow_rag_eval.judges import get_judge
+    from mlflow_rag_eval.testing import FakeJudgeServer
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    evaluate_records(records_from_frame(ROWS), ["faithfulness", "mrr"], judge=local_judge, progress=True)
+    shown = terminal.getvalue()
+    assert "rag eval (30 rows x 2 metrics)" in shown and "/60 [" in shown, shown[-500:]
+    assert "score/s" in shown or "s/score" in shown, shown[-500:]  # the unit is a row scored by a metric
+    assert "row/s" not in shown and "s/row" not in shown
+    assert "errors=0" in shown
+    assert "calls=" not in shown and "cached=" not in shown  # the local judge calls no provider
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with FakeJudgeServer(latency=0.2) as server:  # slow enough for the bar to be redrawn with its postfix
+        llm = get_judge(f"openai:/gpt-4o-mini?base_url={server.base_url}&concurrency=1", cache=None)
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        evaluate_records(records_from_frame(ROWS.head(5)), ["faithfulness"], judge=llm, progress=True)
+    assert "calls=" in terminal.getvalue() and "cached=" in terminal.getvalue()
