@@ -56,7 +56,6 @@ import hashlib
 import heapq
 import json
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -66,6 +65,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus, TraceState
 
+from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationResult
@@ -489,7 +489,7 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     if outcome.checkpoint_ms is not None and outcome.checkpoint_ms != old:
         lease.check()
         client.set_experiment_tag(experiment_id, tag, str(outcome.checkpoint_ms))
-    print(outcome.summary_text(), file=sys.stderr)
+    say(outcome.summary_text())
     return outcome
 
 
