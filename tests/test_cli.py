@@ -1,11 +1,11 @@
 """The command line on bad input: one line on stderr and exit 2 from every command, never a
 traceback; a bug (an exception no input explains) shows its traceback and exits 3, which no
 caller can take for a verdict (0 passed, 1 refused, 2 unusable input)."""
-
 from __future__ import annotations
 
 import json
 
+import click
 import mlflow
 import pandas as pd
 import pytest
@@ -329,3 +329,39 @@ def test_a_dataset_input_names_s3a_data_as_its_s3_object_and_never_fails_the_run
         log_dataset_input(run.info.run_id, "gopher://host/rows", "abc123")
     assert client.get_run(run.info.run_id).inputs.dataset_inputs == []
     assert "no MLflow dataset input for gopher://host/rows" in caplog.text
+
+
+def test_sqlalchemy_too_new_for_the_mlflow_release_is_named_with_the_pin():
+    """Issue 37: MLflow 3.6 with SQLAlchemy 2.1 was reported as `internal error (a bug in
+    mlflow-rag-eval ...)`, exit 3. MLflow 3.4-3.8's mlflow/store/db/utils.py runs
+    `from sqlalchemy.pool import FallbackAsyncAdaptedQueuePool`, which SQLAlchemy 2.1 removed
+    (reproduced in a venv with mlflow==3.6.0 and sqlalchemy==2.1.9: an ImportError with name
+    'sqlalchemy.pool'). This venv's SQLAlchemy is 2.1 too, so the command below raises that very
+    exception through Python's import system, and the CLI's own group classifies it."""
+    import sqlalchemy
+
+    from mlflow_rag_eval.cli import _Main
+
+    if not sqlalchemy.__version__.startswith("2.1"):
+        pytest.skip(f"needs SQLAlchemy 2.1 (the class is there in {sqlalchemy.__version__})")
+
+    @click.group(cls=_Main)
+    def group():
+        pass
+
+    @group.command()
+    def open_store():
+        from sqlalchemy.pool import FallbackAsyncAdaptedQueuePool  # noqa: F401 - what MLflow 3.6 imports
+
+    result = CliRunner().invoke(group, ["open-store"])
+    assert result.exit_code == 2, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    assert "cannot import name 'FallbackAsyncAdaptedQueuePool' from 'sqlalchemy.pool'" in result.output
+    assert "MLflow 3.4 to 3.8 need SQLAlchemy<2.1" in result.output and "pip install 'SQLAlchemy<2.1'" in result.output
+
+    @group.command()
+    def our_bug():
+        from mlflow_rag_eval.records import no_such_name  # noqa: F401
+
+    result = CliRunner().invoke(group, ["our-bug"])
+    assert result.exit_code == 3 and "internal error" in result.output  # our own import: still a bug
