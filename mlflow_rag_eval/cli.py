@@ -135,6 +135,27 @@ class _Main(click.Group):
 _QUIET_ENV = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOGGING_LEVEL": "WARNING"}
 
 
+def _below_warning(record) -> bool:
+    """A logging filter: only warnings and errors pass."""
+    import logging
+
+    return record.levelno >= logging.WARNING
+
+
+def _migration_loggers() -> list[str]:
+    """The loggers of MLflow's migration scripts: alembic loads each script as a module named
+    after its file, every non-word character an underscore (``..._create_latest_metrics_table_py``).
+    Found without importing MLflow."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    versions = Path(list(spec.submodule_search_locations)[0]) / "store" / "db_migrations" / "versions"
+    return [re.sub(r"\W", "_", path.name) for path in sorted(versions.glob("*.py"))]
+
+
 @contextlib.contextmanager
 def _quiet_mlflow(verbose: bool):
     """While a command runs: no "Downloading artifacts" bars and no MLflow INFO lines (one
@@ -152,9 +173,20 @@ def _quiet_mlflow(verbose: bool):
         os.environ.setdefault(name, value)
     if saved_env["MLFLOW_LOGGING_LEVEL"] is None:  # the user's level, when set, is theirs
         logger.setLevel(max(saved_level, logging.WARNING))
+    # A fresh SQL store on MLflow releases whose migrations' env.py runs logging.config.fileConfig
+    # (3.6 does; 3.17 does not) printed ~45 "INFO [alembic.runtime.migration] Running upgrade"
+    # lines: that fileConfig resets the alembic logger to INFO and gives the root a stderr
+    # handler, so no level set beforehand holds. A filter on the logger the lines are made on
+    # survives it (fileConfig keeps filters, and leaves loggers it does not list alone).
+    # MLflow's migration scripts log "Migration complete!" at INFO on loggers of their own.
+    migrations = [logging.getLogger(name) for name in ("alembic.runtime.migration", *_migration_loggers())]
+    for migration_logger in migrations:
+        migration_logger.addFilter(_below_warning)
     try:
         yield
     finally:
+        for migration_logger in migrations:
+            migration_logger.removeFilter(_below_warning)
         logger.setLevel(saved_level)
         for name, value in saved_env.items():
             if value is None:

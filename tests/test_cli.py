@@ -365,3 +365,82 @@ def test_sqlalchemy_too_new_for_the_mlflow_release_is_named_with_the_pin():
 
     result = CliRunner().invoke(group, ["our-bug"])
     assert result.exit_code == 3 and "internal error" in result.output  # our own import: still a bug
+
+
+#: the [loggers] part of MLflow 3.6's mlflow/store/db_migrations/alembic.ini, which that
+#: release's migrations env.py hands to logging.config.fileConfig on every fresh SQL store
+_MLFLOW_36_ALEMBIC_LOGGING = """
+[loggers]
+keys = root,sqlalchemy,alembic
+[handlers]
+keys = console
+[formatters]
+keys = generic
+[logger_root]
+level = WARN
+handlers = console
+qualname =
+[logger_sqlalchemy]
+level = WARN
+handlers =
+qualname = sqlalchemy.engine
+[logger_alembic]
+level = INFO
+handlers =
+qualname = alembic
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+level = NOTSET
+formatter = generic
+[formatter_generic]
+format = %(asctime)s %(levelname)-5.5s [%(name)s] %(message)s
+"""
+
+
+def test_a_fresh_store_on_an_old_mlflow_prints_no_alembic_info_lines(tmp_path):
+    """Issue 37: ~45 "INFO [alembic.runtime.migration] Running upgrade ..." lines on a fresh
+    store with MLflow 3.6 (seen there: 44 alembic lines and 3 "Migration complete!" of the
+    migration scripts' own loggers, which set themselves to INFO). This venv's MLflow no longer
+    runs fileConfig, so the command replays what 3.6 does: fileConfig on its alembic.ini, then
+    the migration loggers' INFO lines. A warning still passes; outside a command, nothing is
+    filtered; -v shows them."""
+    import logging
+    import logging.config
+
+    from mlflow_rag_eval.cli import _Main
+
+    ini = tmp_path / "alembic.ini"
+    ini.write_text(_MLFLOW_36_ALEMBIC_LOGGING)
+    # alembic loads a script as a module named after its file, non-word characters as "_"
+    script = "89d4b8295536_create_latest_metrics_table_py"
+    touched = [logging.getLogger(n) for n in ("", "alembic", "sqlalchemy.engine", script)]
+    saved = [(lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in touched]
+
+    @click.group(cls=_Main)
+    @click.option("-v", "--verbose", is_flag=True)
+    def group(verbose):
+        pass
+
+    @group.command()
+    def fresh_store():
+        logging.config.fileConfig(ini, disable_existing_loggers=False)  # MLflow 3.6's env.py
+        logging.getLogger("alembic.runtime.migration").info("Running upgrade  -> 451aebb31d03, add metric step")
+        migration = logging.getLogger(script)
+        migration.setLevel(logging.INFO)  # as the script does at import
+        migration.info("Migration complete!")
+        logging.getLogger("alembic.runtime.migration").warning("a warning from alembic")
+
+    try:
+        quiet = CliRunner().invoke(group, ["fresh-store"])
+        assert quiet.exit_code == 0, quiet.output
+        assert "Running upgrade" not in quiet.output and "Migration complete!" not in quiet.output, quiet.output
+        assert "a warning from alembic" in quiet.output
+        assert not logging.getLogger("alembic.runtime.migration").filters  # removed after the command
+        verbose = CliRunner().invoke(group, ["-v", "fresh-store"])
+        assert "Running upgrade" in verbose.output and "Migration complete!" in verbose.output
+    finally:
+        for lg, (level, handlers, propagate, disabled) in zip(touched, saved):
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
