@@ -274,11 +274,15 @@ def _row_trace(
     trace_id = generate_mlflow_trace_id_from_otel_trace_id(otel_trace_id)
     root_id, retriever_id = secrets.randbits(64) or 1, secrets.randbits(64) or 2
     inputs, outputs = {"question": record.question}, {"answer": record.answer}
-    # The pipeline ran before the evaluation, in one batch: its per-row timing is unknown, so
-    # every span of the evaluation carries the same instant rather than an invented duration.
-    root = _span(trace_id, otel_trace_id, root_id, None, ROOT_SPAN, SpanType.CHAIN, inputs, outputs, now_ns, now_ns)
+    # The row's duration is the pipeline's, when the data says it (record.latency_ms): the root
+    # span lasts that long, ending now. Else (a batch prediction times no row) every span carries
+    # the same instant rather than an invented duration. How the retrieval's share of it went is
+    # unknown either way: its span is the root's first instant.
+    duration_ns = round(record.latency_ms * 1_000_000) if record.latency_ms is not None else 0
+    start_ns = now_ns - duration_ns
+    root = _span(trace_id, otel_trace_id, root_id, None, ROOT_SPAN, SpanType.CHAIN, inputs, outputs, start_ns, now_ns)
     retriever = _span(trace_id, otel_trace_id, retriever_id, root_id, RETRIEVER_SPAN, SpanType.RETRIEVER,
-                      {"query": record.question}, _documents(record), now_ns, now_ns)
+                      {"query": record.question}, _documents(record), start_ns, start_ns)
     metadata = {
         TRACE_SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION),
         TraceMetadataKey.SOURCE_RUN: run_id,
@@ -289,9 +293,9 @@ def _row_trace(
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=now_ns // 1_000_000,
+        request_time=start_ns // 1_000_000,
         state=TraceState.OK,
-        execution_duration=0,
+        execution_duration=duration_ns // 1_000_000,
         trace_metadata=metadata,
         tags={TraceTagKey.TRACE_NAME: ROOT_SPAN},
     )
