@@ -152,6 +152,8 @@ class _Candidate:
     failed: dict[str, str] = field(default_factory=dict)
     #: the trace carries the retry tag (removed once it is scored)
     tagged_retry: bool = False
+    #: the assessments the trace carries (a Feedback's name depends on other judges' there)
+    assessments: list = field(default_factory=list)
 
 
 @dataclass
@@ -207,7 +209,8 @@ def _take(reading: _Reading, trace, suite: Suite, fingerprint: str, fraction: fl
         _unreadable(reading, info.trace_id, exc.reason, exc.retry, tagged)
         return None
     prior = prior_verdicts(trace, suite, fingerprint)
-    return _Candidate(info.trace_id, ts, record, root_span(trace).span_id, prior.done, prior.failed, tagged)
+    return _Candidate(info.trace_id, ts, record, root_span(trace).span_id, prior.done, prior.failed, tagged,
+                      list(info.assessments or []))
 
 
 def _read(client, experiment_id: str, filter_string: str | None, since_ms: int | None, suite: Suite,
