@@ -7,7 +7,8 @@ sentence-transformers or MLflow.
 Exit codes, for every command: 0 done (for ``gate``: passed), 1 refused (``gate`` only: the
 candidate failed a check), 2 unusable input, 3 internal error. No traceback reaches the user
 for bad input: the group turns the errors that input causes into one line on stderr and exit 2
-(see :func:`_is_input_error`). Any other exception is a bug in this package: its traceback is
+(see :func:`_is_input_error`), and so it does for an environment that cannot import what it
+needs, naming what to install (:func:`_environment_error`: SQLAlchemy 2.1 under MLflow 3.4-3.8). Any other exception is a bug in this package: its traceback is
 printed and the exit code is 3, so that it is reported, and never read as a verdict (1 would
 say "refused", 2 "your input").
 """
@@ -64,6 +65,35 @@ def _is_store_error(exc: BaseException) -> bool:
     return any(cls.__module__.split(".")[0] in ("sqlalchemy", "alembic") for cls in type(exc).__mro__)
 
 
+def _installed(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
+def _environment_error(exc: BaseException) -> str | None:
+    """What to install, when ``exc`` is an installed package failing to import another (the
+    environment's problem, not a bug of ours); None otherwise.
+
+    MLflow 3.4 to 3.8 import ``FallbackAsyncAdaptedQueuePool`` from ``sqlalchemy.pool`` to open
+    any SQL store; SQLAlchemy 2.1 removed it, and the import fails with an ImportError naming
+    ``sqlalchemy.pool`` (``name``) and the missing class (its message): the fix is the pin."""
+    if not isinstance(exc, ImportError):
+        return None
+    module = exc.name or ""
+    if not module or module.split(".")[0] == "mlflow_rag_eval":
+        return None  # one of our own imports: a bug
+    message = _one_line(exc)
+    if module.split(".")[0] == "sqlalchemy" and message.startswith("cannot import name"):
+        return (f"MLflow {_installed('mlflow')} cannot open a SQL tracking store with SQLAlchemy "
+                f"{_installed('sqlalchemy')} ({message.split(' (')[0]}): MLflow 3.4 to 3.8 need SQLAlchemy<2.1 "
+                "(a class they import was removed in 2.1): pip install 'SQLAlchemy<2.1', or a newer MLflow")
+    return f"a package this command needs cannot be imported: {message}"
+
+
 def _one_line(exc: BaseException) -> str:
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return " ".join(str(message).split())
@@ -88,6 +118,10 @@ class _Main(click.Group):
                            "the store is damaged or of another MLflow version: check it, or run "
                            "`mlflow db upgrade <store uri>` on a copy", err=True)
                 raise SystemExit(UNUSABLE) from None
+            environment = _environment_error(exc)
+            if environment is not None:
+                click.echo(f"{command}: {environment}", err=True)
+                raise SystemExit(UNUSABLE) from None
             if _is_input_error(exc):
                 click.echo(f"{command}: {_one_line(exc)}", err=True)
                 raise SystemExit(UNUSABLE) from None
@@ -99,6 +133,27 @@ class _Main(click.Group):
 
 #: what a command sets while it runs, unless -v (or the user set the variable already)
 _QUIET_ENV = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+
+
+def _below_warning(record) -> bool:
+    """A logging filter: only warnings and errors pass."""
+    import logging
+
+    return record.levelno >= logging.WARNING
+
+
+def _migration_loggers() -> list[str]:
+    """The loggers of MLflow's migration scripts: alembic loads each script as a module named
+    after its file, every non-word character an underscore (``..._create_latest_metrics_table_py``).
+    Found without importing MLflow."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    versions = Path(list(spec.submodule_search_locations)[0]) / "store" / "db_migrations" / "versions"
+    return [re.sub(r"\W", "_", path.name) for path in sorted(versions.glob("*.py"))]
 
 
 @contextlib.contextmanager
@@ -118,9 +173,20 @@ def _quiet_mlflow(verbose: bool):
         os.environ.setdefault(name, value)
     if saved_env["MLFLOW_LOGGING_LEVEL"] is None:  # the user's level, when set, is theirs
         logger.setLevel(max(saved_level, logging.WARNING))
+    # A fresh SQL store on MLflow releases whose migrations' env.py runs logging.config.fileConfig
+    # (3.6 does; 3.17 does not) printed ~45 "INFO [alembic.runtime.migration] Running upgrade"
+    # lines: that fileConfig resets the alembic logger to INFO and gives the root a stderr
+    # handler, so no level set beforehand holds. A filter on the logger the lines are made on
+    # survives it (fileConfig keeps filters, and leaves loggers it does not list alone).
+    # MLflow's migration scripts log "Migration complete!" at INFO on loggers of their own.
+    migrations = [logging.getLogger(name) for name in ("alembic.runtime.migration", *_migration_loggers())]
+    for migration_logger in migrations:
+        migration_logger.addFilter(_below_warning)
     try:
         yield
     finally:
+        for migration_logger in migrations:
+            migration_logger.removeFilter(_below_warning)
         logger.setLevel(saved_level)
         for name, value in saved_env.items():
             if value is None:

@@ -100,6 +100,9 @@ class RagRecord:
     reference_contexts: tuple[str, ...] | None = None
     answerable: bool = True
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: how long the pipeline took on this row, in milliseconds, when the data says (a
+    #: ``latency_ms`` column, or the model's output): the duration of the row's trace
+    latency_ms: float | None = None
 
     @property
     def context_texts(self) -> list[str]:
@@ -139,6 +142,7 @@ class ColumnMapping:
     reference_contexts: str = "reference_contexts"
     answerable: str = "answerable"
     metadata: str = "metadata"
+    latency_ms: str = "latency_ms"
 
     @classmethod
     def from_config(cls, config: Mapping[str, str] | None) -> ColumnMapping:
@@ -342,6 +346,15 @@ def _answerable(value: Any, *, row: int, column: str) -> bool:
     raise RecordError(f"must be a boolean, got {value!r}", row=row, column=column)
 
 
+def _latency_ms(value: Any, *, row: int, column: str) -> float | None:
+    if is_missing(value):
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or float(value) < 0:
+        raise RecordError(f"must be a number of milliseconds >= 0, got {value!r}", row=row, column=column)
+    return float(value)
+
+
 def records_from_frame(
     df: pd.DataFrame, mapping: ColumnMapping | None = None, *, require_answer: bool = True
 ) -> list[RagRecord]:
@@ -368,7 +381,7 @@ def records_from_frame(
             )
     has = {name: getattr(mapping, name) in df.columns for name in (
         "answer", "context_ids", "reference", "relevant_ids", "relevance_grades", "reference_contexts",
-        "answerable", "metadata",
+        "answerable", "metadata", "latency_ms",
     )}
     records = []
     for row, cells in enumerate(df.to_dict(orient="records")):
@@ -406,6 +419,8 @@ def records_from_frame(
                 reference_contexts=reference_contexts,
                 answerable=_answerable(cell("answerable"), row=row, column=mapping.answerable),
                 metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
+                latency_ms=_latency_ms(cell("latency_ms"), row=row, column=mapping.latency_ms)
+                if has["latency_ms"] else None,
             )
         )
     return records

@@ -1,11 +1,11 @@
 """The command line on bad input: one line on stderr and exit 2 from every command, never a
 traceback; a bug (an exception no input explains) shows its traceback and exits 3, which no
 caller can take for a verdict (0 passed, 1 refused, 2 unusable input)."""
-
 from __future__ import annotations
 
 import json
 
+import click
 import mlflow
 import pandas as pd
 import pytest
@@ -329,3 +329,118 @@ def test_a_dataset_input_names_s3a_data_as_its_s3_object_and_never_fails_the_run
         log_dataset_input(run.info.run_id, "gopher://host/rows", "abc123")
     assert client.get_run(run.info.run_id).inputs.dataset_inputs == []
     assert "no MLflow dataset input for gopher://host/rows" in caplog.text
+
+
+def test_sqlalchemy_too_new_for_the_mlflow_release_is_named_with_the_pin():
+    """Issue 37: MLflow 3.6 with SQLAlchemy 2.1 was reported as `internal error (a bug in
+    mlflow-rag-eval ...)`, exit 3. MLflow 3.4-3.8's mlflow/store/db/utils.py runs
+    `from sqlalchemy.pool import FallbackAsyncAdaptedQueuePool`, which SQLAlchemy 2.1 removed
+    (reproduced in a venv with mlflow==3.6.0 and sqlalchemy==2.1.9: an ImportError with name
+    'sqlalchemy.pool'). This venv's SQLAlchemy is 2.1 too, so the command below raises that very
+    exception through Python's import system, and the CLI's own group classifies it."""
+    import sqlalchemy
+
+    from mlflow_rag_eval.cli import _Main
+
+    if not sqlalchemy.__version__.startswith("2.1"):
+        pytest.skip(f"needs SQLAlchemy 2.1 (the class is there in {sqlalchemy.__version__})")
+
+    @click.group(cls=_Main)
+    def group():
+        pass
+
+    @group.command()
+    def open_store():
+        from sqlalchemy.pool import FallbackAsyncAdaptedQueuePool  # noqa: F401 - what MLflow 3.6 imports
+
+    result = CliRunner().invoke(group, ["open-store"])
+    assert result.exit_code == 2, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    assert "cannot import name 'FallbackAsyncAdaptedQueuePool' from 'sqlalchemy.pool'" in result.output
+    assert "MLflow 3.4 to 3.8 need SQLAlchemy<2.1" in result.output and "pip install 'SQLAlchemy<2.1'" in result.output
+
+    @group.command()
+    def our_bug():
+        from mlflow_rag_eval.records import no_such_name  # noqa: F401
+
+    result = CliRunner().invoke(group, ["our-bug"])
+    assert result.exit_code == 3 and "internal error" in result.output  # our own import: still a bug
+
+
+#: the [loggers] part of MLflow 3.6's mlflow/store/db_migrations/alembic.ini, which that
+#: release's migrations env.py hands to logging.config.fileConfig on every fresh SQL store
+_MLFLOW_36_ALEMBIC_LOGGING = """
+[loggers]
+keys = root,sqlalchemy,alembic
+[handlers]
+keys = console
+[formatters]
+keys = generic
+[logger_root]
+level = WARN
+handlers = console
+qualname =
+[logger_sqlalchemy]
+level = WARN
+handlers =
+qualname = sqlalchemy.engine
+[logger_alembic]
+level = INFO
+handlers =
+qualname = alembic
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+level = NOTSET
+formatter = generic
+[formatter_generic]
+format = %(asctime)s %(levelname)-5.5s [%(name)s] %(message)s
+"""
+
+
+def test_a_fresh_store_on_an_old_mlflow_prints_no_alembic_info_lines(tmp_path):
+    """Issue 37: ~45 "INFO [alembic.runtime.migration] Running upgrade ..." lines on a fresh
+    store with MLflow 3.6 (seen there: 44 alembic lines and 3 "Migration complete!" of the
+    migration scripts' own loggers, which set themselves to INFO). This venv's MLflow no longer
+    runs fileConfig, so the command replays what 3.6 does: fileConfig on its alembic.ini, then
+    the migration loggers' INFO lines. A warning still passes; outside a command, nothing is
+    filtered; -v shows them."""
+    import logging
+    import logging.config
+
+    from mlflow_rag_eval.cli import _Main
+
+    ini = tmp_path / "alembic.ini"
+    ini.write_text(_MLFLOW_36_ALEMBIC_LOGGING)
+    # alembic loads a script as a module named after its file, non-word characters as "_"
+    script = "89d4b8295536_create_latest_metrics_table_py"
+    touched = [logging.getLogger(n) for n in ("", "alembic", "sqlalchemy.engine", script)]
+    saved = [(lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in touched]
+
+    @click.group(cls=_Main)
+    @click.option("-v", "--verbose", is_flag=True)
+    def group(verbose):
+        pass
+
+    @group.command()
+    def fresh_store():
+        logging.config.fileConfig(ini, disable_existing_loggers=False)  # MLflow 3.6's env.py
+        logging.getLogger("alembic.runtime.migration").info("Running upgrade  -> 451aebb31d03, add metric step")
+        migration = logging.getLogger(script)
+        migration.setLevel(logging.INFO)  # as the script does at import
+        migration.info("Migration complete!")
+        logging.getLogger("alembic.runtime.migration").warning("a warning from alembic")
+
+    try:
+        quiet = CliRunner().invoke(group, ["fresh-store"])
+        assert quiet.exit_code == 0, quiet.output
+        assert "Running upgrade" not in quiet.output and "Migration complete!" not in quiet.output, quiet.output
+        assert "a warning from alembic" in quiet.output
+        assert not logging.getLogger("alembic.runtime.migration").filters  # removed after the command
+        verbose = CliRunner().invoke(group, ["-v", "fresh-store"])
+        assert "Running upgrade" in verbose.output and "Migration complete!" in verbose.output
+    finally:
+        for lg, (level, handlers, propagate, disabled) in zip(touched, saved):
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled

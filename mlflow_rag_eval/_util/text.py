@@ -3,9 +3,11 @@ numbers. Deliberately simple and deterministic; no model, no download."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
-__all__ = ["split_sentences", "content_tokens", "numbers", "readable_prefix", "strip_citations"]
+__all__ = ["did_you_mean", "split_sentences", "content_tokens", "numbers", "readable_prefix", "strip_citations"]
 
 # Split after . ! ? (optionally followed by a closing quote/bracket) when whitespace and an
 # upper-case letter, digit or quote follow, and on line breaks. Common abbreviations are
@@ -80,3 +82,13 @@ def readable_prefix(text: str, limit: int) -> str:
         if cut[i].isspace():
             return cut[:i]
     return cut
+
+
+def did_you_mean(word: str, known: Iterable[str], suffix: str = "") -> str:
+    """``" (did you mean 'faithfulness'?)"`` for the known names closest to a mistyped one
+    (:func:`difflib.get_close_matches`, at most three; ``suffix`` added to each, e.g. a metric's
+    ``@10``), or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(known), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c + suffix) for c in close) + "?)"

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges import Judge
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
@@ -281,7 +281,7 @@ class Budget:
         self._spent_before = _spent(judge)
         self._unknown_before = _unknown(judge)
         if announce:
-            print(estimate.to_text(), file=sys.stderr)
+            say(estimate.to_text())
         if self.max_cost is None or (not estimate.calls and not estimate.not_estimated):
             return
         if estimate.cost_usd is None or estimate.not_estimated:

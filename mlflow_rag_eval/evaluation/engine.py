@@ -78,8 +78,7 @@ def evaluate_records(
     if suite is None:
         suite = prepare_suite(metrics, judge, available_fields, mapping)
     suite.drop_inapplicable(records)
-    for metric in suite.metrics:
-        metric.validate(records, mapping)
+    suite.validate(records, mapping)
     if budget is not None:  # after every check on the data, before any judge call
         budget.check(estimate_cost(suite.metrics, records, suite.judge), judge=suite.judge)
     rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget)
@@ -129,12 +128,20 @@ class _Runner:
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
         self._lock = threading.Lock()
-        self.bar = Progress(n_records * len(suite.metrics), shown=progress, unit="row")
+        # A step is one row scored by one metric: the total is rows x metrics, said in the label.
+        n_metrics = len(suite.metrics)
+        self.bar = Progress(n_records * n_metrics, shown=progress, unit="score",
+                            description=f"rag eval ({n_records} rows x {n_metrics} metric{'s' * (n_metrics != 1)})")
 
     def _activity(self) -> dict[str, int]:
-        """What the bar shows beside the rows done: errors, and the judge's calls and cache hits."""
+        """What the bar shows beside the scores done: errors, and, for a judge that calls a
+        provider (an LLM), its calls and cache hits; a local judge makes neither."""
+        activity = {"errors": self.errors}
         usage = self.suite.judge.usage() if self.suite.judge is not None else {}
-        return {"errors": self.errors, "calls": usage.get("provider_calls", 0), "cached": usage.get("cache_hits", 0)}
+        if "provider_calls" in usage:
+            activity["calls"] = usage["provider_calls"]
+            activity["cached"] = usage.get("cache_hits", 0)
+        return activity
 
     def _watch(self, done: threading.Event) -> None:
         """Refresh the judge's activity while a batch runs (an LLM batch can take minutes)."""

@@ -3,9 +3,10 @@
 Named metrics must all run: an unknown name, a metric the data cannot feed (a column it needs
 is absent) or one the judge cannot perform stops the evaluation, naming the problem. The
 default suite (no metric named) is everything the data can feed: every built-in metric whose
-columns the data has, that the judge can perform, and that applies to at least one row (a
+columns the data has, that the judge can perform, that applies to at least one row (a
 citation metric when no answer cites anything, abstention when no row is marked unanswerable,
-are left out). What was left out, and why, is kept on the result and in the run's lineage.
+are left out) and whose own check the data passes (a retrieval metric when the contexts carry
+no ids). What was left out, and why, is kept on the result and in the run's lineage.
 """
 
 from __future__ import annotations
@@ -73,6 +74,24 @@ class Suite:
             reasons = [metric.not_applicable(r) for r in records]
             if all(reason is not None for reason in reasons):
                 self.left_out[metric.display_name] = f"applies to no row ({reasons[0]})"
+            else:
+                kept.append(metric)
+        self.metrics = kept
+
+    def validate(self, records: Sequence[RagRecord], mapping: ColumnMapping | None = None) -> None:
+        """Each metric's own check of ``records`` (ids for retrieval metrics, ...), before any
+        judge call. A named metric the data cannot feed stops the evaluation
+        (:class:`RecordError`); the default suite, which promises what the data can feed,
+        leaves it out, the reason kept in :attr:`left_out`."""
+        mapping = mapping or ColumnMapping()
+        kept = []
+        for metric in self.metrics:
+            try:
+                metric.validate(records, mapping)
+            except RecordError as exc:
+                if not self.default:
+                    raise
+                self.left_out[metric.display_name] = f"the data cannot feed it ({exc})"
             else:
                 kept.append(metric)
         self.metrics = kept

@@ -99,6 +99,8 @@ class GateDecision:
     policy_hash: str | None = None
     policy: dict[str, Any] | None = None
     allow_judge_change: bool = False
+    #: the judge's name (``rag_eval.judge``) of the candidate's (and the champion's) evaluation
+    judges: dict[str, str | None] = field(default_factory=dict)
     judge_fingerprints: dict[str, str | None] = field(default_factory=dict)
     prompts_versions: dict[str, str | None] = field(default_factory=dict)
     dataset_digest: str | None = None
@@ -127,8 +129,9 @@ class GateDecision:
         lines = [
             f"GATE {self.verdict.upper()}: {self.model} v{self.candidate_version} (exit {self.exit_code})",
             f"candidate run: {self.candidate_run_id or '-'}   champion: {champion}",
-            f"dataset digest: {self.dataset_digest or '-'}   judge: "
-            f"{self.judge_fingerprints.get('candidate') or '-'} ({self.prompts_versions.get('candidate') or '-'})"
+            f"dataset digest: {self.dataset_digest or '-'}   judge: {self.judges.get('candidate') or '-'} "
+            f"(fingerprint {self.judge_fingerprints.get('candidate') or '-'}, "
+            f"prompts {self.prompts_versions.get('candidate') or '-'})"
             + ("   allow_judge_change: yes" if self.allow_judge_change else ""),
             f"policy sha256: {self.policy_hash or '-'}",
         ]
@@ -230,6 +233,7 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
     candidate, champion_eval = _evaluations(decision, policy, client, candidate_run, champion_run)
     figures = _verified(decision, policy, candidate, champion_eval)
     identity = candidate.identity
+    decision.judges["candidate"] = candidate.params.get("rag_eval.judge")
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
     decision.prompts_versions["candidate"] = identity["prompts version"]
     checks = metric_checks(figures, policy) + _stored_rows_check(candidate_run)
@@ -437,6 +441,7 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
     from mlflow_rag_eval.compare import compare_evaluations
 
     identity, champ = candidate.identity, champion_eval.identity
+    decision.judges["champion"] = champion_eval.params.get("rag_eval.judge")
     decision.judge_fingerprints["champion"] = champ["judge fingerprint"]
     decision.prompts_versions["champion"] = champ["prompts version"]
     changed = [f"{what} {champ[what]} -> {identity[what]}" for what in ("judge fingerprint", "prompts version")
@@ -457,9 +462,15 @@ def _champion_checks(decision: GateDecision, policy: GatePolicy, checks: list[Ch
                        for m in policy.max_regression]
     adjusted = {d.metric: (d.delta if d.greater_is_better else -d.delta)
                 for d in comparison.deltas if d.delta is not None}
-    # A slice's check gets no delta: the run's paired delta is not the slice's.
-    return [c if c.delta is not None or c.slice or c.metric not in adjusted
+    # The paired delta is of the metric's mean: it belongs to the checks of the mean only. A
+    # slice's check gets none (the run's delta is not the slice's), nor do the checks of rows
+    # scored, the error rate or another statistic (their own figures are not the mean's).
+    return [c if c.delta is not None or c.slice or c.metric not in adjusted or c.kind not in _MEAN_CHECKS
             else dataclasses.replace(c, delta=adjusted[c.metric]) for c in checks]
+
+
+#: the checks whose figure is the metric's mean, which the paired delta vs the champion is of
+_MEAN_CHECKS = frozenset({"floor mean", "ceiling mean"})
 
 
 def _calibration_checks(client, policy: GatePolicy, identity: dict) -> list[Check]:

@@ -7,7 +7,8 @@ tracking store can hold:
   set, linked to the experiment (the experiment's Datasets page lists it), one record per row
   (inputs ``question``; expectations ``expected_response``, ``relevant_ids``, ``answerable``;
   tags ``question_type``, ``difficulty``, ``tags``), tagged with the digest, the generator
-  and the drop counts. ``mlflow.genai.evaluate(data=dataset)`` reads it back as it is.
+  and the drop counts. ``mlflow.genai.evaluate(data=dataset)`` reads it back as it is. The
+  same set logged again under the same name (same digest) reuses that dataset.
 - a file store (no evaluation datasets there): a **run** named ``golden set: <name>`` with the
   set as a dataset input (context ``golden_set``, MLflow's dataset digest = ours), the rows as
   ``rag_eval/golden_set.jsonl``, the drop report as ``rag_eval/golden_set_report.json``, the
@@ -133,6 +134,9 @@ def _evaluation_dataset(golden: GoldenSet, name: str, experiment_id: str) -> str
     from mlflow.genai.datasets import create_dataset
 
     try:
+        existing = _existing_dataset(name, experiment_id, golden.digest)
+        if existing is not None:  # the same set logged before (a second `make demo`): one dataset
+            return existing
         dataset = create_dataset(name=name, experiment_id=[experiment_id], tags=_summary_tags(golden))
     except (MlflowException, NotImplementedError) as exc:
         # A file store (here, or behind a tracking server) has no evaluation datasets; anything
@@ -148,3 +152,16 @@ def _evaluation_dataset(golden: GoldenSet, name: str, experiment_id: str) -> str
         for r in golden.rows
     ])
     return dataset.dataset_id
+
+
+def _existing_dataset(name: str, experiment_id: str, digest: str) -> str | None:
+    """The id of the experiment's evaluation dataset named ``name`` that holds the set of this
+    digest already, if any: logging the same set twice reuses it rather than making a second
+    dataset of the same name."""
+    from mlflow.genai.datasets import search_datasets
+
+    quoted = name.replace("'", "\\'")
+    for dataset in search_datasets(experiment_ids=[experiment_id], filter_string=f"name = '{quoted}'"):
+        if dataset.name == name and (dataset.tags or {}).get("rag_eval.dataset_digest") == digest:
+            return dataset.dataset_id
+    return None

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from mlflow_rag_eval._util.text import did_you_mean
+
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow_rag_eval.judges.base import Judge
 
@@ -213,7 +215,8 @@ def provider(scheme: str) -> JudgeProvider:
     else:
         matches = [ep for ep in _entry_points() if ep.name == scheme]
         if not matches:
-            raise ValueError(f"unknown judge scheme {scheme!r}; known: {', '.join(known_schemes())}")
+            known = known_schemes()
+            raise ValueError(f"unknown judge scheme {scheme!r}{did_you_mean(scheme, known)}; known: {', '.join(known)}")
         if len({ep.value for ep in matches}) > 1:
             raise ValueError(
                 f"judge scheme {scheme!r} is declared by several entry points: {sorted(ep.value for ep in matches)}"

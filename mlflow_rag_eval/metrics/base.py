@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
+from mlflow_rag_eval._util.text import did_you_mean
 from mlflow_rag_eval.judges.base import Judge
 from mlflow_rag_eval.records import ColumnMapping, RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
@@ -177,7 +178,8 @@ def resolve_metric(spec: str | Metric) -> Metric:
     prefix, sep, rest = spec.strip().partition(":")
     if sep:
         if prefix not in _NAMESPACES:
-            raise ValueError(f"unknown metric namespace {prefix!r} in {spec!r}; known: {sorted(_NAMESPACES)}")
+            raise ValueError(f"unknown metric namespace {prefix!r} in {spec!r}{did_you_mean(prefix, _NAMESPACES)}; "
+                             f"known: {sorted(_NAMESPACES)}")
         return _NAMESPACES[prefix](rest)
     match = _NAME.match(spec.strip().lower())
     registry = registered_metrics()
@@ -185,7 +187,9 @@ def resolve_metric(spec: str | Metric) -> Metric:
         if spec.strip().lower() == "rubric":  # a kind of metric, made with its criteria and steps
             raise ValueError("a rubric is made, not named: pass rubric('politeness', criteria='...', "
                              "steps=['...']) from mlflow_rag_eval as the metric (an LLM judge grades it)")
-        raise ValueError(f"unknown metric {spec!r}; known: {sorted(registry)}")
+        base, k = (match.group("base"), match.group("k")) if match else (spec.strip().lower(), None)
+        hint = did_you_mean(base, registry, f"@{k}" if k else "")
+        raise ValueError(f"unknown metric {spec!r}{hint}; known: {sorted(registry)}")
     cls = registry[match.group("base")]
     if match.group("k") is None:
         return cls()

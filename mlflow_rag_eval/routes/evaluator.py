@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.models.evaluation import EvaluationResult as MlflowEvaluationResult
@@ -58,6 +59,7 @@ try:
     from mlflow_rag_eval.evaluation.suite import prepare_suite
     from mlflow_rag_eval.records import (
         ColumnMapping,
+        RecordError,
         predictions_to_frame,
         records_from_frame,
         validate_inputs,
@@ -253,6 +255,7 @@ def _predict(model, frame: pd.DataFrame, config: Mapping[str, Any], mapping: Col
         model, inputs, [str(q) for q in frame[mapping.question]], experiment_id
     )
     outputs = predictions_to_frame(output, len(frame), mapping)
+    _refuse_outputs_without_contexts(output, outputs, frame, mapping)
     if predictions is not None and predictions != mapping.answer and predictions in outputs:
         outputs = outputs.rename(columns={predictions: mapping.answer})
     frame = pd.concat(
@@ -260,6 +263,36 @@ def _predict(model, frame: pd.DataFrame, config: Mapping[str, Any], mapping: Col
         axis=1,
     )
     return frame, pipeline_traces
+
+
+def _output_shape(output: Any) -> str:
+    """What a model returned, in a few words: ``a list of 3 str``, ``a DataFrame with columns ['answer']``."""
+    if isinstance(output, pd.DataFrame):
+        return f"a DataFrame with columns {list(map(str, output.columns))}"
+    if isinstance(output, Mapping):
+        return f"a dict with keys {list(map(str, output))}"
+    if isinstance(output, (list, tuple, np.ndarray, pd.Series)):
+        kinds = sorted({type(item).__name__ for item in output})
+        return f"a {type(output).__name__} of {len(output)} {' / '.join(kinds) or 'items'}"
+    return f"a {type(output).__name__}"
+
+
+def _refuse_outputs_without_contexts(output: Any, outputs: pd.DataFrame, frame: pd.DataFrame,
+                                     mapping: ColumnMapping) -> None:
+    """A model whose output carries no contexts, where the data has none either: the model's
+    output shape is the problem (plain answers), not a column to map, so say what it returned
+    and the shape the evaluator reads."""
+    if mapping.contexts in outputs.columns or mapping.contexts in frame.columns:
+        return
+    raise RecordError(
+        f"the model returned {_output_shape(output)}: answers without the retrieved contexts the RAG "
+        f"metrics read. Return, per input row, the answer and its contexts: a DataFrame or a list of "
+        f"dicts with {mapping.answer!r} and {mapping.contexts!r} (each context a string or a dict with "
+        f"'id' and 'text'), e.g. [{{{mapping.answer!r}: '...', {mapping.contexts!r}: [{{'id': 'p1', 'text': '...'}}]}}]"
+        " as examples/rag_pipeline/pipeline.py does; or give the contexts as a column of the data",
+        row=None,
+        column=mapping.contexts,
+    )
 
 
 def _artifacts(client: MlflowClient, run_id: str) -> dict[str, JsonEvaluationArtifact]:

@@ -56,7 +56,6 @@ import hashlib
 import heapq
 import json
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -66,6 +65,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus, TraceState
 
+from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationResult
@@ -152,6 +152,8 @@ class _Candidate:
     failed: dict[str, str] = field(default_factory=dict)
     #: the trace carries the retry tag (removed once it is scored)
     tagged_retry: bool = False
+    #: the assessments the trace carries (a Feedback's name depends on other judges' there)
+    assessments: list = field(default_factory=list)
 
 
 @dataclass
@@ -207,7 +209,8 @@ def _take(reading: _Reading, trace, suite: Suite, fingerprint: str, fraction: fl
         _unreadable(reading, info.trace_id, exc.reason, exc.retry, tagged)
         return None
     prior = prior_verdicts(trace, suite, fingerprint)
-    return _Candidate(info.trace_id, ts, record, root_span(trace).span_id, prior.done, prior.failed, tagged)
+    return _Candidate(info.trace_id, ts, record, root_span(trace).span_id, prior.done, prior.failed, tagged,
+                      list(info.assessments or []))
 
 
 def _read(client, experiment_id: str, filter_string: str | None, since_ms: int | None, suite: Suite,
@@ -489,7 +492,7 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     if outcome.checkpoint_ms is not None and outcome.checkpoint_ms != old:
         lease.check()
         client.set_experiment_tag(experiment_id, tag, str(outcome.checkpoint_ms))
-    print(outcome.summary_text(), file=sys.stderr)
+    say(outcome.summary_text())
     return outcome
 
 

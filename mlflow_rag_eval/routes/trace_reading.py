@@ -215,9 +215,12 @@ def _ours(assessment) -> bool:
 def prior_verdicts(trace, suite: Suite, fingerprint: str) -> Prior:
     """What ``trace`` was judged on before by the suite's metrics (see the module docstring)."""
     by_key = {m.key: m for m in suite.metrics}
+    by_name = {m.display_name: m for m in suite.metrics}
     prior = Prior()
     for assessment in _assessments(trace):
-        metric = by_key.get(assessment.name)
+        # Ours name their metric in metadata: under ``<key>/<judge name>`` too (a second judge's).
+        metric = by_name.get((assessment.metadata or {}).get("rag_eval.metric")) if _ours(assessment) \
+            else by_key.get(assessment.name)
         if metric is None or getattr(assessment, "feedback", None) is None:
             continue
         name = metric.display_name

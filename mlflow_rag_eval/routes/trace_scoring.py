@@ -18,7 +18,7 @@ from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.results import MetricResult, RowResult
 from mlflow_rag_eval.stats import SEED
 from mlflow_rag_eval.tracking.lease import ExperimentLease
-from mlflow_rag_eval.tracking.traces import log_assessments_on_live_traces, row_feedback
+from mlflow_rag_eval.tracking.traces import feedback_name, log_assessments_on_live_traces, row_feedback
 
 __all__ = ["ALREADY_SCORED", "RETRY_TAG", "TraceScorer", "answered_by_cache", "judge_usage", "metric_result",
            "set_retry_tags"]
@@ -84,8 +84,10 @@ class TraceScorer:
         errored: set[str] = set()
         for metric in self.suite.metrics:
             for c, row in zip(chunk, results[metric.display_name].rows):
-                made = row_feedback(results[metric.display_name], row, judge=info if metric.primitives else None,
-                                    trace_id=c.trace_id, span_id=c.span_id, run_id=self.run_id)
+                judge = info if metric.primitives else None
+                made = row_feedback(results[metric.display_name], row, judge=judge, trace_id=c.trace_id,
+                                    span_id=c.span_id, run_id=self.run_id,
+                                    name=feedback_name(metric.key, judge, getattr(c, "assessments", ())))
                 if made is None:  # None: not applicable (or scored before)
                     continue
                 if metric.display_name in c.failed:  # the failed Feedback is marked invalid by MLflow

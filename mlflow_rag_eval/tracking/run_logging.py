@@ -47,7 +47,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -62,6 +61,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow_rag_eval._util.mlflow_compat import evaluation_run_tags
 from mlflow_rag_eval._util.progress import progress_wanted
 from mlflow_rag_eval._util.redaction import redact, redact_json_text, redact_strings
+from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
 from mlflow_rag_eval.judges.base import JudgeInfo
@@ -186,7 +186,7 @@ def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: fl
     """Print the evaluation's summary on stderr, warn when any row failed, and raise
     :class:`ErrorRateExceeded` when a metric fails more often than ``max_error_rate``."""
     result = _figures(result)
-    print(result.summary_text(), file=sys.stderr)
+    say(result.summary_text())
     failing = [m for m in result.metrics if m.summary.n_error]
     if failing:
         _logger.warning(

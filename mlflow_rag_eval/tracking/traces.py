@@ -8,7 +8,8 @@ link) and, when a logged model was evaluated, to that model (``mlflow.modelId``)
   (``page_content``, ``metadata.doc_uri`` = the context id, ``metadata.rank``), the shape
   MLflow's own RAG scorers read;
 - per metric, a ``Feedback`` on the root span: name = the metric key (``ndcg_at_10``, as in the
-  metric keys), value = the row's score, rationale = the justification, compact evidence in
+  metric keys; ``<key>/<judge name>`` on a trace another judge scored already,
+  :func:`feedback_name`), value = the row's score, rationale = the justification, compact evidence in
   metadata, ``error`` (and no value) when the judge could not decide, source LLM_JUDGE (the
   judge's name; its fingerprint in metadata) or CODE for metrics that need no judge. A row a
   metric does not apply to gets no Feedback for it: MLflow's UI shows a valueless Feedback as
@@ -73,6 +74,7 @@ __all__ = [
     "ROW_METADATA",
     "assessment_source",
     "compact_evidence",
+    "feedback_name",
     "link_traces",
     "log_assessments",
     "log_assessments_on_live_traces",
@@ -149,6 +151,23 @@ def _error(row: RowResult) -> AssessmentError:
     return AssessmentError(error_code=error_kind(row.error), error_message=row.error or "unknown error")
 
 
+def feedback_name(metric_key: str, judge: JudgeInfo | None, assessments: Iterable = ()) -> str:
+    """The name of a metric's Feedback on a trace already carrying ``assessments``: the metric
+    key, unless another judge's Feedback of this package sits under that name (a trace scored
+    again with another judge): then ``<metric key>/<judge name>``, so that MLflow's UI, which
+    averages the Feedback of one name, keeps each judge's values apart. Metrics that need no
+    judge are the same whoever scores them: always the key."""
+    if judge is None or judge.kind == "none":
+        return metric_key
+    for assessment in assessments:
+        metadata = getattr(assessment, "metadata", None) or {}
+        if (getattr(assessment, "name", None) == metric_key and "rag_eval.metric" in metadata
+                and getattr(assessment, "valid", True) is not False
+                and metadata.get("rag_eval.judge_fingerprint") not in (None, judge.fingerprint)):
+            return f"{metric_key}/{judge.name}"
+    return metric_key
+
+
 def row_feedback(
     metric: MetricResult,
     row: RowResult,
@@ -157,11 +176,13 @@ def row_feedback(
     trace_id: str | None = None,
     span_id: str | None = None,
     run_id: str | None = None,
+    name: str | None = None,
 ) -> Feedback | None:
     """The Feedback for one metric on one row; None when the metric does not apply to it.
 
     Every route builds its Feedback here, so the same row gives the same assessment whether
-    the rag evaluator, a genai scorer or the CLI computed it.
+    the rag evaluator, a genai scorer or the CLI computed it. ``name``: the Feedback's name
+    when not the metric key (:func:`feedback_name`, on a trace another judge scored).
     """
     if row.status == "skipped":
         return None
@@ -182,7 +203,7 @@ def row_feedback(
         metadata[AssessmentMetadataKey.SOURCE_RUN_ID] = run_id
     failed = row.status == "error"
     return Feedback(
-        name=metric.key,
+        name=name or metric.key,
         value=None if failed else row.value,
         error=_error(row) if failed else None,
         rationale=(row.justification or None) if not failed else None,
@@ -274,11 +295,15 @@ def _row_trace(
     trace_id = generate_mlflow_trace_id_from_otel_trace_id(otel_trace_id)
     root_id, retriever_id = secrets.randbits(64) or 1, secrets.randbits(64) or 2
     inputs, outputs = {"question": record.question}, {"answer": record.answer}
-    # The pipeline ran before the evaluation, in one batch: its per-row timing is unknown, so
-    # every span of the evaluation carries the same instant rather than an invented duration.
-    root = _span(trace_id, otel_trace_id, root_id, None, ROOT_SPAN, SpanType.CHAIN, inputs, outputs, now_ns, now_ns)
+    # The row's duration is the pipeline's, when the data says it (record.latency_ms): the root
+    # span lasts that long, ending now. Else (a batch prediction times no row) every span carries
+    # the same instant rather than an invented duration. How the retrieval's share of it went is
+    # unknown either way: its span is the root's first instant.
+    duration_ns = round(record.latency_ms * 1_000_000) if record.latency_ms is not None else 0
+    start_ns = now_ns - duration_ns
+    root = _span(trace_id, otel_trace_id, root_id, None, ROOT_SPAN, SpanType.CHAIN, inputs, outputs, start_ns, now_ns)
     retriever = _span(trace_id, otel_trace_id, retriever_id, root_id, RETRIEVER_SPAN, SpanType.RETRIEVER,
-                      {"query": record.question}, _documents(record), now_ns, now_ns)
+                      {"query": record.question}, _documents(record), start_ns, start_ns)
     metadata = {
         TRACE_SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION),
         TraceMetadataKey.SOURCE_RUN: run_id,
@@ -289,9 +314,9 @@ def _row_trace(
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=now_ns // 1_000_000,
+        request_time=start_ns // 1_000_000,
         state=TraceState.OK,
-        execution_duration=0,
+        execution_duration=duration_ns // 1_000_000,
         trace_metadata=metadata,
         tags={TraceTagKey.TRACE_NAME: ROOT_SPAN},
     )
@@ -302,12 +327,16 @@ def _row_trace(
 # --------------------------------------------------------------------------- writing
 
 
-def _row_assessments(result, i: int, *, trace_id: str, span_id: str | None, run_id: str) -> list:
-    """Row ``i``'s Feedbacks (one per metric that applies) and Expectations."""
+def _row_assessments(result, i: int, *, trace_id: str, span_id: str | None, run_id: str,
+                     existing: Iterable = ()) -> list:
+    """Row ``i``'s Feedbacks (one per metric that applies) and Expectations; ``existing``: the
+    assessments the trace carries already (a pipeline's trace evaluated before)."""
     out: list = []
+    existing = list(existing)
     for metric in result.metrics:
-        feedback = row_feedback(metric, metric.rows[i], judge=result.judge if metric.judged else None,
-                                trace_id=trace_id, span_id=span_id, run_id=run_id)
+        judge = result.judge if metric.judged else None
+        feedback = row_feedback(metric, metric.rows[i], judge=judge, trace_id=trace_id, span_id=span_id,
+                                run_id=run_id, name=feedback_name(metric.key, judge, existing))
         if feedback is not None:
             out.append(feedback)
     out += row_expectations(result.records[i], result.fields, dataset_digest=result.dataset_digest,
@@ -409,7 +438,7 @@ def _assess_pipeline_traces(result, rows: list[int], existing, tracing, run_id: 
         trace = traces.get(existing[i])
         root = trace.data._get_root_span() if trace is not None else None
         assessments += _row_assessments(result, i, trace_id=existing[i], span_id=root.span_id if root else None,
-                                        run_id=run_id)
+                                        run_id=run_id, existing=(trace.info.assessments or []) if trace else [])
     def log(assessment) -> None:
         tracing.log_assessment(assessment.trace_id, assessment)
 

@@ -204,3 +204,77 @@ def test_genai_rows_whose_assessments_were_not_stored_are_counted_and_tagged(tra
         mlflow.genai.evaluate(data=rows, scorers=rag_scorers(["faithfulness"], local_judge))
     assert MlflowClient().get_run(run.info.run_id).data.tags["rag_eval.rows_lost"] == "1"
     assert any("1 evaluated row(s) are not in the tracking store" in r.message for r in caplog.records)
+
+
+# -- issue 37: what a user reads -------------------------------------------------------------------
+
+def test_the_default_suite_leaves_out_a_retrieval_metric_when_contexts_carry_no_ids(tracking_uri, local_judge):
+    """String contexts with relevant ids: the default suite ran hit@5 and refused the whole run
+    (RecordError: hit@5 needs an id for every retrieved context). Now it leaves the ranking
+    metrics out, saying why (summary and lineage); a named one still refuses."""
+    data = frame()
+    data["contexts"] = [[c["text"] for c in row] for row in data["contexts"]]
+    with mlflow.start_run() as run:
+        result = _evaluate(data, {"judge": local_judge})
+    assert "faithfulness/mean" in result.metrics and "hit_at_5/mean" not in result.metrics
+    lineage = json.loads(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/rag_eval/judge_lineage.json"))
+    left_out = lineage["suite"]["left_out"]
+    for name in ("hit@5", "precision@5", "recall@5", "mrr", "map", "ndcg@10"):
+        assert left_out[name].startswith("the data cannot feed it (row 0, column 'contexts': "), left_out[name]
+        assert "needs an id for every retrieved context" in left_out[name]
+    with mlflow.start_run(), pytest.raises(RecordError, match="hit@5 needs an id for every retrieved context"):
+        _evaluate(data, {"judge": local_judge, "metrics": ["faithfulness", "hit@5"]})
+
+
+def test_a_mistyped_metric_or_judge_name_gets_a_did_you_mean(tracking_uri):
+    from mlflow_rag_eval.judges import get_judge
+    from mlflow_rag_eval.metrics import resolve_metric
+
+    with pytest.raises(ValueError, match=r"unknown metric 'faithfulnes' \(did you mean 'faithfulness'\?\); known"):
+        resolve_metric("faithfulnes")
+    with pytest.raises(ValueError, match=r"unknown metric 'ndgc@10' \(did you mean 'ndcg@10'\?\)"):
+        resolve_metric("ndgc@10")
+    with pytest.raises(ValueError, match=r"unknown metric 'zzz'; known"):  # nothing close: no guess
+        resolve_metric("zzz")
+    with pytest.raises(ValueError, match=r"unknown judge scheme 'loacl' \(did you mean 'local'\?\)"):
+        get_judge("loacl:minilm-l6")
+    with mlflow.start_run(), pytest.raises(ValueError, match=r"did you mean 'faithfulness'\?"):
+        _evaluate(frame(), {"judge": "scripted", "metrics": ["faithfulnes"]})
+
+
+def test_the_summaries_go_through_a_logger_of_their_own_that_an_app_can_silence(tracking_uri, capsys):
+    """The summary and the budget line were print()s to stderr: an app could neither route nor
+    silence them. They go through logging.getLogger('mlflow_rag_eval.summary'), which prints
+    them by default (a handler of its own, as MLflow's logger has) and nothing else."""
+    import logging
+
+    root = logging.getLogger()
+    root_state = (root.level, list(root.handlers))
+    with mlflow.start_run():
+        _evaluate(frame(), {"judge": "scripted", "metrics": ["mrr"]})
+    err = capsys.readouterr().err
+    assert "rag eval summary: 3 rows" in err  # printed by default
+    assert (root.level, list(root.handlers)) == root_state  # the caller's root logger untouched
+
+    summary = logging.getLogger("mlflow_rag_eval.summary")
+    saved = (summary.level, list(summary.handlers), summary.propagate)
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    try:
+        summary.handlers, summary.propagate = [Collect()], False  # the app routes them
+        with mlflow.start_run():
+            _evaluate(frame(), {"judge": "scripted", "metrics": ["mrr"]})
+        assert "rag eval summary" not in capsys.readouterr().err
+        assert any(m.startswith("rag eval summary: 3 rows") for m in seen)
+        summary.handlers = []
+        summary.setLevel(logging.WARNING)  # the app silences them
+        with mlflow.start_run():
+            _evaluate(frame(), {"judge": "scripted", "metrics": ["mrr"]})
+        assert "rag eval summary" not in capsys.readouterr().err
+    finally:
+        summary.setLevel(saved[0])
+        summary.handlers, summary.propagate = saved[1], saved[2]

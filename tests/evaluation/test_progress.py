@@ -109,3 +109,28 @@ def test_the_extra_metrics_route_shows_the_bar_on_the_same_rule(monkeypatch, tra
     with mlflow.start_run():
         mlflow.models.evaluate(data=ROWS, predictions="answer", model_type=None, extra_metrics=rag_metrics(["mrr"]))
     assert "rag eval" not in quiet.getvalue()
+
+
+def test_the_bar_says_what_it_counts_and_shows_judge_calls_only_for_a_judge_that_makes_them(monkeypatch,
+                                                                                          local_judge):
+    """Issue 37: the bar counted rows x metrics under the unit "row", and showed calls=0,
+    cached=0 for the local judge, which calls no provider."""
+    from mlflow_rag_eval.evaluation.engine import _Runner
+    from mlflow_rag_eval.evaluation.suite import prepare_suite
+    from mlflow_rag_eval.judges import get_judge
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    evaluate_records(records_from_frame(ROWS), ["faithfulness", "mrr"], judge=local_judge, progress=True)
+    shown = terminal.getvalue()
+    assert "rag eval (30 rows x 2 metrics)" in shown and "/60 [" in shown, shown[-500:]
+    assert "score/s" in shown, shown[-500:]  # the unit: one row scored by one metric
+    assert "row/s" not in shown and "s/row" not in shown
+    # What the bar shows beside the count (read from the runner: a redraw depends on timing).
+    fields = {"answer", "contexts", "relevant_ids"}
+    local = _Runner(prepare_suite(["faithfulness"], local_judge, fields), 30, progress=False)._activity()
+    assert local == {"errors": 0}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    llm = get_judge("openai:/gpt-4o-mini?base_url=http://127.0.0.1:9/v1", cache=None)
+    assert _Runner(prepare_suite(["faithfulness"], llm, fields), 30, progress=False)._activity() == {
+        "errors": 0, "calls": 0, "cached": 0}

@@ -181,6 +181,23 @@ def test_logged_set_and_runs_on_it_share_one_digest(golden, tracking_uri):
     assert params["rag_eval.dataset_digest"] == golden.digest
 
 
+def test_the_same_set_logged_twice_is_one_dataset(golden, passages, tracking_uri):
+    """Issue 37: a second `make demo` made a second evaluation dataset of the same name. The
+    same set (name and digest) logged again reuses it; another set of that name is a new one."""
+    from mlflow.genai.datasets import get_dataset, search_datasets
+
+    experiment_id = mlflow.get_experiment_by_name("tests").experiment_id
+    first = log_golden_set(golden, "northwind")
+    again = log_golden_set(golden, "northwind")
+    assert again.dataset_id == first.dataset_id
+    named = [d for d in search_datasets(experiment_ids=[experiment_id], filter_string="name = 'northwind'")]
+    assert [d.dataset_id for d in named] == [first.dataset_id]
+    assert len(get_dataset(dataset_id=first.dataset_id).to_df()) == len(golden.rows)  # no row merged twice
+    other = generate_golden_set(passages, LLMJudge(ScriptedBackend(), name="scripted", cache=False), n=20, seed=1)
+    assert other.digest != golden.digest
+    assert log_golden_set(other, "northwind").dataset_id != first.dataset_id
+
+
 def test_genai_evaluate_reads_the_logged_dataset_and_names_its_digest(golden, tracking_uri):
     """mlflow.genai.evaluate on the evaluation dataset as MLflow holds it: our scorers read its
     expectations (expected_response, relevant_ids, answerable) and the run names the digest."""

@@ -220,3 +220,24 @@ def test_plugin_only_answers_the_rag_model_type(model_type):
     assert RagEvaluator.can_evaluate(model_type=model_type, evaluator_config={}) is (model_type == "rag")
     names = [b.name for b in resolve_evaluators_and_configs(None, None, model_type)]
     assert ("rag" in names) is (model_type == "rag")
+
+
+class _AnswersOnly(mlflow.pyfunc.PythonModel):
+    """A pipeline that returns its answers as plain strings, without the contexts it used."""
+
+    def predict(self, context, model_input, params=None):
+        return [f"An answer to {q}" for q in model_input["question"]]
+
+
+def test_a_model_returning_plain_strings_is_told_the_shape_it_must_return(tracking_uri):
+    """Issue 37: the error said "column 'contexts' is missing ... map another column", where
+    the model's output shape is the problem. It says what the model returned and what it must."""
+    info = mlflow.pyfunc.log_model(name="answers_only", python_model=_AnswersOnly(),
+                                   input_example=pd.DataFrame({"question": ["q"]}))
+    data = static_frame()[["question", "reference"]]
+    with mlflow.start_run(), pytest.raises(ValueError) as raised:
+        mlflow.models.evaluate(model=info.model_uri, data=data, model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": "scripted", "metrics": ["faithfulness"]})
+    message = str(raised.value)
+    assert f"the model returned a list of {len(data)} str" in message, message
+    assert "'answer' and 'contexts'" in message and "map another column" not in message, message

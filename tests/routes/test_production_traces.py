@@ -509,3 +509,27 @@ def test_replies_without_usage_are_charged_at_the_estimate_and_the_cap_holds(app
     assert MlflowClient().get_run(out.run_id).data.tags["rag_eval.budget.spent_usd"] == f"{out.budget.spent:.6f}"
     err = capsys.readouterr().err
     assert "judge: 10 calls, 0 cache hits" in err and "(10 replies without usage, charged at the estimate)" in err
+
+
+def test_a_second_judge_on_the_same_traces_gets_names_of_its_own(app, local_judge):
+    """Issue 37: two judges' Feedback on one trace sat under one name, and MLflow's UI averaged
+    a local-judge 1 with an LLM-judge 0.667. The first judge keeps the metric's name; a second
+    one's Feedback goes under <metric>/<judge name>, once (it is done the next time)."""
+    ids = app.serve(QUESTIONS[:3])
+    client = MlflowClient()
+    metrics = ["faithfulness", "context_relevance"]
+    evaluate_traces("tests", metrics=metrics, judge=local_judge, lag=0)
+    scripted = get_judge("scripted")
+    second = evaluate_traces("tests", metrics=metrics, judge=scripted, lag=0)
+    assert sorted(second.scored) == sorted(ids)
+    name = scripted.info().name
+    for trace_id in ids:
+        feedback = _our_feedback(client, trace_id)
+        assert set(feedback) == {"faithfulness", "context_relevance", f"faithfulness/{name}",
+                                 f"context_relevance/{name}"}, set(feedback)
+        assert feedback["faithfulness"].source.source_id == local_judge.info().name
+        assert feedback[f"faithfulness/{name}"].source.source_id == name
+        assert feedback[f"faithfulness/{name}"].metadata["rag_eval.metric"] == "faithfulness"
+    third = evaluate_traces("tests", metrics=metrics, judge=scripted, lag=0)
+    assert third.scored == []  # the second judge's Feedback counts as done under its own name
+    assert all(len(_our_feedback(client, t)) == 4 for t in ids)

@@ -364,3 +364,29 @@ def test_an_evaluation_run_that_logged_its_model_is_warned_about(tracking_uri, l
             mlflow.models.evaluate(model=info.model_uri, data=golden, model_type="rag", evaluators="rag",
                                    evaluator_config={"judge": local_judge, "metrics": ["hit@5"]})
     assert any("Evaluation runs page lists only runs that logged none" in r.message for r in caplog.records)
+
+
+def test_a_row_trace_lasts_the_rows_latency_when_the_data_has_it(tracking_uri):
+    """Issue 37: every synthetic trace showed a duration of 0.00ms. A latency_ms column (or the
+    model's output of that name) is the row's duration: the root span lasts it, and so does the
+    trace. A row without one stays an instant, as a batch prediction times no row."""
+    df = frame().drop(columns=["relevant_ids"])
+    df["latency_ms"] = [1250.0, 80, None, 3.5]
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": "scripted", "metrics": ["faithfulness"]})
+    traces = {int(t.info.trace_metadata["rag_eval.row"]): t for t in _run_traces(run.info.run_id)}
+    for row, latency in enumerate(df["latency_ms"]):
+        trace = traces[row]
+        root = next(s for s in trace.data.spans if s.name == ROOT_SPAN)
+        if latency is None or math.isnan(latency):
+            assert trace.info.execution_duration == 0 and root.end_time_ns == root.start_time_ns
+            continue
+        assert root.end_time_ns - root.start_time_ns == round(latency * 1_000_000), row
+        # in whole milliseconds (the store may round the span's ends: 3.5 ms reads 3 or 4)
+        assert abs(trace.info.execution_duration - latency) <= 1, (row, trace.info.execution_duration)
+        assert abs(trace.info.request_time - root.start_time_ns / 1_000_000) <= 1
+    with mlflow.start_run(), pytest.raises(RecordError, match="row 1, column 'latency_ms': must be a number"):
+        bad = df.assign(latency_ms=[1.0, -2.0, None, 3.0])
+        mlflow.models.evaluate(data=bad, model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": "scripted", "metrics": ["faithfulness"]})
