@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import chromium as chromium  # noqa: F401  (the fixture)
+from browser import render
 from doc_blocks import ROOT
 
 import mlflow_rag_eval
 
 DOCS = ROOT / "docs"
+SHOTS = Path(os.environ.get("RAG_EVAL_SCREENSHOTS", ROOT / "build" / "screenshots"))
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +116,20 @@ def test_readme_is_a_first_visit():
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     broken = [link for link in links if not link.startswith("http") and not (ROOT / link).exists()]
     assert links and not broken, broken
+
+
+@pytest.mark.parametrize("page, text", [
+    ("index", "Routes into MLflow"),
+    ("how-to/gate-ci", "Two versions, evaluated"),
+    ("reference/api/index", "evaluate_records"),
+])
+def test_pages_render_in_a_browser_from_file(site, chromium, tmp_path, page, text):
+    """The site opens from file:// (no server, no network): the page, its navigation and its
+    theme's script render; a screenshot of each goes to build/screenshots/ for a person to see."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / f"docs_{page.replace('/', '_')}.png"
+    dom = render(chromium, (site / f"{page}.html").as_uri(), tmp_path / "profile", screenshot=shot,
+                 window="1280,900", budget_ms=3000)
+    assert text in dom and "How-to guides" in dom, dom[:2000]
+    assert 'data-md-component="sidebar"' in dom and "js-focus-visible" in dom  # the theme's own script ran
+    assert shot.stat().st_size > 20_000
