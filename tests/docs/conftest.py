@@ -1,11 +1,13 @@
-"""The documentation tests' summary: how many doc examples ran and how many are skipped (each
-with its reason), printed at the end of the session."""
+"""The documentation tests' summary: how many doc examples ran, and every skipped one with its
+reason, printed at the end of the session."""
 
 from __future__ import annotations
 
+import sys
+
 
 def pytest_terminal_summary(terminalreporter):
-    module = next((m for name, m in __import__("sys").modules.items() if name == "test_doc_examples"), None)
+    module = sys.modules.get("test_doc_examples")
     if module is None or not module.EXECUTED:
         return
     skipped = [b for found in module.BLOCKS.values() for b in found if b.skip is not None]
