@@ -401,7 +401,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
                    "labelled pairs (1); 0: none.")
 @click.option("--cross-encoder", "use_cross_encoder", is_flag=True,
               help="Also read the shipped cross-encoder's entailment of each claim (slower; not yet the default: "
-                   "see the README's local judge section).")
+                   "see docs/concepts/local-judge.md).")
 @click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,
               help="Also fine-tune a cross-encoder on one-word edits of your corpus and your labelled pairs, "
                    "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
