@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install install-dev bench compat entailment-pairs cross-encoder support-model clean
+.PHONY: demo test docs install install-dev bench compat entailment-pairs cross-encoder support-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ test: install-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
+# The documentation site into site/ (open site/index.html), offline: no font or script from a CDN
+# (mkdocs.yml). --strict: a broken link or a missing API reference fails the build, as it fails
+# tests/docs/test_site.py in `make test`.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # The cross-encoder's training pairs (training_data/entailment_pairs.jsonl.gz, committed) and the
 # word relation table of the synthetic swaps, from ../shared/data/nli and the example corpus.
 entailment-pairs: install
@@ -84,4 +90,4 @@ compat: install
 	$(PY) bench/compat.py $(if $(RELEASES),--releases $(RELEASES))
 
 clean:
-	rm -rf $(VENV) mlruns mlflow.db .pytest_cache .compat
+	rm -rf $(VENV) mlruns mlflow.db .pytest_cache .compat site

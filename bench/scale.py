@@ -52,7 +52,7 @@ def _frame(n: int, form: str, seed: int = 0):
         relevant = {ids[int(rng.integers(0, 5))]: 2, f"doc{int(rng.integers(0, 50_000))}/0": 1}
         if form == "dict":
             graded = relevant
-        else:  # the schema-stable form the README recommends
+        else:  # the schema-stable form docs/concepts/records.md recommends
             graded = [{"id": k, "grade": g} for k, g in relevant.items()]
         rows.append({
             "question": f"question {i}: " + " ".join(rng.choice(words, 8)) + "?",

@@ -467,7 +467,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
                    "labelled pairs (1); 0: none.")
 @click.option("--cross-encoder", "use_cross_encoder", is_flag=True,
               help="Also read the shipped cross-encoder's entailment of each claim (slower; not yet the default: "
-                   "see the README's local judge section).")
+                   "see docs/concepts/local-judge.md).")
 @click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,
               help="Also fine-tune a cross-encoder on one-word edits of your corpus and your labelled pairs, "
                    "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
@@ -475,7 +475,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
 def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight,
                       use_cross_encoder, adapt_cross_encoder, out) -> None:
-    """Train the local judge's support model and write it as JSON; use it as ``local:OUT``.
+    """Train the local judge's support model and write it as JSON; use it as the judge local:OUT.
 
     With --cross-encoder the support model also reads the shipped cross-encoder's entailment;
     with --train-cross-encoder a cross-encoder adapted to your corpus is trained first and read.
@@ -545,7 +545,7 @@ def _adapt_cross_encoder(passages, pairs, out, seed) -> Path:
 def train_cross_encoder_command(pair_files, seed, epochs, frozen_layers, max_per_source, limit, out) -> None:
     """Fine-tune the local judge's cross-encoder (the top layers of its embedding model and a
     head) on entailment pairs; needs torch (the [train] extra). Name it in a judge with
-    ``local:minilm-l6?cross_encoder=OUT`` beside a support model trained on it.
+    local:minilm-l6?cross_encoder=OUT beside a support model trained on it.
 
     Exit code 2: unreadable pairs, or torch missing.
     """
@@ -594,7 +594,7 @@ def testset_command(corpus, judge, n, mix, seed, oversample, out, log_as, experi
                     judge_options) -> None:
     """Write a golden set from your documents: questions one passage answers, questions that need
     two, and questions the corpus cannot answer, each checked by the judge; prints what was
-    dropped and why, and the set's digest (the ``rag_eval.dataset_digest`` of every run on it).
+    dropped and why, and the set's digest (the rag_eval.dataset_digest of every run on it).
 
     Exit code 2: unreadable corpus, bad --mix, or a judge that cannot write text.
     """
@@ -735,13 +735,13 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
                      max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
-    ``mlflow.evaluate(model_type="rag")`` logs. Prints the run id last.
+    mlflow.evaluate(model_type="rag") logs. Prints the run id last.
 
     With --spark MASTER, the rows are read and scored on Spark
-    (:func:`mlflow_rag_eval.spark.evaluate_spark`): the same run, for 100k to millions of rows.
+    (mlflow_rag_eval.spark.evaluate_spark): the same run, for 100k to millions of rows.
 
     With --traces EXPERIMENT instead of --data, the traces an app logged there are scored in
-    place (:func:`mlflow_rag_eval.routes.production_traces.evaluate_traces`): each verdict a
+    place (mlflow_rag_eval.evaluate_traces): each verdict a
     Feedback on its trace, an evaluation run for the sample; prints the run id last (nothing
     when no trace was left to score).
 
@@ -933,7 +933,7 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
 def ppi_command(run_id, metric, label_name, labels_path, confidence, no_log, tracking_uri) -> None:
     """The metric's mean as people would score it: the judge's scores on every row of the run,
     corrected with the human labels on some (PPI++), with its CI; logged on the run as
-    ``<metric>/ppi_mean``, ``/ppi_ci_low``, ``/ppi_ci_high``, ``/n_human``.
+    <metric>/ppi_mean, /ppi_ci_low, /ppi_ci_high and /n_human.
 
     Exit code 2: no such run, not an evaluation run, or too few labelled or unlabelled rows.
     """

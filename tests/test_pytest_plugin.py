@@ -61,7 +61,7 @@ def test_the_pytest_plugin_option_and_fixtures(pytester, monkeypatch):
 
 
 def test_the_plugin_loads_by_its_entry_point_and_fails_an_unusable_policy_in_one_line(pytester, monkeypatch):
-    """As the README shows it: no -p, fixtures taken as arguments, helpers imported."""
+    """As docs/how-to/gate-ci.md shows it: no -p, fixtures taken as arguments, helpers imported."""
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     pytester.makefile(".yaml", gate="require_metrics: [faithfulness]\nfloors: {faithfulness/mean: 0.9}\n",
                       empty="# nothing yet\n")

@@ -437,8 +437,9 @@ def evaluate_traces(
         lag: the lag window (seconds, or ``10m``-like): the longest a request runs plus the
             time its trace takes to land. The checkpoint stays this far behind the newest end
             time seen, and the overlap is read again (scored traces are skipped at no cost).
-        sample, sample_fraction: score at most ``sample`` traces, or this share of them,
-            chosen by a hash of the trace id (a rerun draws the same ones).
+        sample: score at most this many traces, chosen by a hash of the trace id (a rerun
+            draws the same ones).
+        sample_fraction: or score this share of them, chosen the same way.
         max_cost: US dollars the judge may cost at most (:mod:`mlflow_rag_eval.evaluation.budget`).
         slice_by: trace tags to report every metric per value of.
         lease_wait: seconds to wait for another run holding the lease (then :class:`LeaseHeld`).

@@ -1,5 +1,5 @@
 """The quickstart (what `make demo` runs) ends with two evaluated runs holding the metrics and
-artifacts the README promises."""
+artifacts docs/getting-started.md promises."""
 
 from __future__ import annotations
 

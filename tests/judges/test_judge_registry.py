@@ -150,7 +150,7 @@ LLM_NAMES = {
 
 @pytest.mark.parametrize("scheme", sorted(LLM_NAMES))
 def test_llm_settings_reach_every_llm_provider(scheme, gguf):
-    """The settings README's Judges section shows are accepted by every LLM provider's judge."""
+    """The settings the docs' judge reference shows are accepted by every LLM provider's judge."""
     name = LLM_NAMES[scheme] or f"llamacpp:/{gguf}"
     judge = get_judge(name, timeout=180, deadline=400, max_retries=1, unreachable_after=0,
                       temperature=0.2, concurrency=2, cache=False)
@@ -211,10 +211,10 @@ def test_a_ready_judge_is_returned_as_is_and_takes_no_options(local_judge):
         get_judge(local_judge, timeout=3)
 
 
-def test_judge_names_in_the_readme_all_resolve(gguf):
-    """Every judge name README's Judges section shows builds a judge (placeholders filled in)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Judges", 1)[1].split("\n### ", 1)[0]
+def test_judge_names_in_the_docs_all_resolve(gguf):
+    """Every judge name the docs' judge pages show builds a judge (placeholders filled in)."""
+    section = "\n".join((ROOT / "docs" / page).read_text() for page in (
+        "reference/judges.md", "concepts/judges.md", "concepts/local-judge.md", "how-to/panels.md"))
     names = {
         n for n in re.findall(r"`([^`]+)`", section)
         if re.match(rf"({'|'.join(BUILTIN)})(:|\?|$)", n) and not n.endswith((":", ":/"))
@@ -229,7 +229,7 @@ def test_judge_names_in_the_readme_all_resolve(gguf):
         name = shown
         for placeholder, value in fill.items():
             name = name.replace(placeholder, value)
-        assert "<" not in name, f"no value for a placeholder of README's judge name {shown!r}"
+        assert "<" not in name, f"no value for a placeholder of the docs' judge name {shown!r}"
         assert isinstance(get_judge(name), Judge), shown
 
 
