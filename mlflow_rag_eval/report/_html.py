@@ -50,10 +50,12 @@ _USAGE_LABELS = {
 
 
 def _shown_model(model: Any) -> Any:
-    """A judge's model as the report shows it: the folder's name, not the absolute local path of
+    """A judge's model as the report shows it: the last two folders, not the absolute local path of
     its files (the page is shared; the path says where one machine keeps them). The lineage file
     keeps the path, and the files' sha256 says which they are."""
-    return os.path.basename(os.path.normpath(model)) if isinstance(model, str) and os.path.isabs(model) else model
+    if not (isinstance(model, str) and os.path.isabs(model)):
+        return model
+    return "/".join(os.path.normpath(model).split(os.sep)[-2:])  # a folder named "model" says little alone
 
 
 def _shown_lineage(lineage: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 import mlflow  # noqa: E402
+from conftest import figures_of  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
@@ -148,7 +149,7 @@ def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tr
     single = evaluate_records(records_from_frame(frame), RETRIEVAL, available_fields=FIELDS)
     assert {m.summary.n_skipped for m in single.metrics} != {0}  # not-applicable rows are in play
     with mlflow.start_run():
-        done = evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), max_table_rows=0)
+        done = evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), max_table_rows=0, run_metrics="all")
     out = scored_rows(done.output)
     assert len(out) == len(frame)  # one output row per input row
     assert out["question"].tolist() == frame["question"].tolist()  # the global index is the files' order
@@ -390,10 +391,10 @@ def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, r
     records = attach_columns(records_from_frame(frame), frame, slice_by)
     single = evaluate_records(records, RETRIEVAL, available_fields=FIELDS)
     with mlflow.start_run() as single_run:
-        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=slice_by)
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=slice_by, run_metrics="all")
     with mlflow.start_run() as spark_run:
         evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), slice_by=slice_by,
-                       max_table_rows=10_000 if rows_logged else 0, log_traces=False)
+                       max_table_rows=10_000 if rows_logged else 0, log_traces=False, run_metrics="all")
     single_metrics, single_params, _ = _run_contents(single_run.info.run_id)
     spark_metrics, spark_params, _ = _run_contents(spark_run.info.run_id)
     assert any("/slice/topics/" in k for k in single_metrics)  # the slices are in the comparison
@@ -403,6 +404,9 @@ def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, r
     assert spark_params == single_params
     slices = [json.loads(_text(r.info.run_id, SLICES_FILE)) for r in (single_run, spark_run)]
     assert slices[0] == slices[1]
+    from mlflow_rag_eval.evaluation.statistics import STATISTICS_FILE
+
+    assert _text(single_run.info.run_id, STATISTICS_FILE) == _text(spark_run.info.run_id, STATISTICS_FILE)
     assert slices[1]["fields"]["topics"]["n_missing"] == len(range(0, 2000, 5))
 
 
@@ -419,10 +423,10 @@ def test_a_lower_is_better_worst10_mean_equals_single_process_on_the_run_and_its
     records = attach_columns(records_from_frame(frame), frame, ["difficulty"])
     single = evaluate_records(records, metrics, available_fields=FIELDS)
     with mlflow.start_run() as single_run:
-        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=["difficulty"])
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=["difficulty"], run_metrics="all")
     with mlflow.start_run() as spark_run:
         evaluate_spark(path, metrics, output=str(tmp_path / "scored"), slice_by=["difficulty"], max_table_rows=0,
-                       log_traces=False)
+                       log_traces=False, run_metrics="all")
     single_metrics, spark_metrics = (_run_contents(r.info.run_id)[0] for r in (single_run, spark_run))
     worst = {k: v for k, v in single_metrics.items() if k.endswith("/worst10_mean")}
     assert {"pollution_at_5/worst10_mean", "pollution_at_5/slice/difficulty/hard/worst10_mean"} <= set(worst)
@@ -559,7 +563,7 @@ def test_max_error_rate_fails_after_logging(spark, tracking_uri, judge_server, t
     judge = f"openai:/errors-{tmp_path.name}?base_url={server.base_url}"
     with mlflow.start_run() as run, pytest.raises(ErrorRateExceeded, match="faithfulness 10.0%"):
         evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "scored"), max_error_rate=0.05)
-    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
+    metrics = figures_of(run.info.run_id)
     assert metrics["faithfulness/n_error"] == 1 and metrics["faithfulness/n_scored"] == 9  # logged first
     with mlflow.start_run():
         done = evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "again"), max_error_rate=0.1)
@@ -573,7 +577,8 @@ def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, r
 
     frame = _with_slice_fields(rows_2000[0].iloc[:300].reset_index(drop=True))
     folder = write_parts(frame, tmp_path / "rows", [100, 200])  # a folder of Parquet files, as Spark writes
-    args = ["evaluate", "--data", str(folder), "--metrics", "hit@5,mrr", "--slice-by", "difficulty", "--no-traces"]
+    args = ["evaluate", "--data", str(folder), "--metrics", "hit@5,mrr", "--slice-by", "difficulty", "--no-traces",
+            "--run-metrics", "all"]
     runner = CliRunner()
     single = runner.invoke(main, [*args, "--run-name", "one-process"])
     on_spark = runner.invoke(main, [*args, "--run-name", "on-spark", "--spark", "local[2]",
@@ -624,4 +629,4 @@ def test_cli_on_a_local_master_starts_its_workers_with_its_own_interpreter(rows_
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(proc.stdout.strip().splitlines()[-1])
-    assert run.data.metrics["mrr/n_scored"] > 0
+    assert 0 < run.data.metrics["mrr/mean"] <= 1
