@@ -127,9 +127,7 @@ def evaluate_spark(
         max_error_rate: raise :class:`~mlflow_rag_eval.results.ErrorRateExceeded` after logging
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
-        run_metrics: which statistics are the run's MLflow metrics, as on every route:
-            ``"means"`` (each metric's mean and CI bounds) or ``"all"``
-            (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
+        run_metrics: the run's MLflow metrics, as on every route (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
         judge_options: what the judge is built with (``get_judge(judge, **judge_options)``: an LLM
             judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker.
 
@@ -143,9 +141,8 @@ def evaluate_spark(
     of the workers scoring at once gets its share (:func:`worker_share`).
     """
     _check_judge_name(judge)
-    check_run_metrics(run_metrics)
     mapping = ColumnMapping.from_config(col_mapping)
-    slice_fields = check_slice_by(slice_by)
+    slice_fields, run_metrics = check_slice_by(slice_by), check_run_metrics(run_metrics)  # before any scoring
     client = MlflowClient()
     run_id = _run_to_log_into(client, run_id)
 

@@ -425,21 +425,7 @@ def log_run_level(
     lineage_text = json.dumps(lineage_doc, indent=2)
     params.update({**(sealed or {}), seal.LINEAGE: seal.sha256(lineage_text), seal.DIRECTIONS: seal.directions_param(
         {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage_doc["metrics"]})})
-    run = client.get_run(run_id)
-    note = {} if run.data.tags.get(NOTE_TAG) else {
-        NOTE_TAG: run_note(figures, run.info.experiment_id, run_id, _dataset_name(run))}
-    tags = {
-        **evaluation_run_tags(),
-        MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with(run, [TABLE_FILE, STATISTICS_FILE] if table else [STATISTICS_FILE]),
-        **note,
-        EVALUATED_TAG: "true",
-        "rag_eval.judge": judge.name,
-        "rag_eval.judge_fingerprint": judge.fingerprint,
-        "rag_eval.dataset_digest": figures.dataset_digest,
-        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
-        **_calibration_tags(figures.calibration),
-        **(tags or {}),
-    }
+    tags = {**_run_tags(figures, client.get_run(run_id), table), **(tags or {})}
     client.log_batch(
         run_id,
         metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
@@ -449,6 +435,24 @@ def log_run_level(
     client.log_text(run_id, lineage_text, LINEAGE_FILE)
     client.log_text(run_id, redact_json_text(statistics_json(figures, slices)), STATISTICS_FILE)
     return metrics, lineage_doc
+
+
+def _run_tags(figures: EvaluationFigures, run, table: bool) -> dict[str, str]:
+    """The evaluation's run tags: an MLflow evaluation run's, the tables it holds, its
+    description (unless it has one), the judge and dataset, the calibration."""
+    note = {} if run.data.tags.get(NOTE_TAG) else {
+        NOTE_TAG: run_note(figures, run.info.experiment_id, run.info.run_id, _dataset_name(run))}
+    return {
+        **evaluation_run_tags(),
+        MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with(run, [TABLE_FILE, STATISTICS_FILE] if table else [STATISTICS_FILE]),
+        **note,
+        EVALUATED_TAG: "true",
+        "rag_eval.judge": figures.judge.name,
+        "rag_eval.judge_fingerprint": figures.judge.fingerprint,
+        "rag_eval.dataset_digest": figures.dataset_digest,
+        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+        **_calibration_tags(figures.calibration),
+    }
 
 
 def _dataset_name(run) -> str | None:

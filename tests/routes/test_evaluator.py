@@ -117,10 +117,12 @@ def test_static_predictions_log_what_the_engine_computes(tracking_uri, local_jud
         result = mlflow.models.evaluate(
             data=df, model_type="rag", evaluators="rag", evaluator_config={"judge": local_judge}
         )
-    expected = evaluate_records(records_from_frame(df), judge=local_judge).aggregates()
+    computed = evaluate_records(records_from_frame(df), judge=local_judge)
+    expected = computed.run_metrics()  # the means and CI bounds
     logged = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
     assert logged == pytest.approx(expected)
     assert result.metrics == pytest.approx(expected)
+    assert figures_of(run.info.run_id) == pytest.approx(computed.aggregates())  # the rest: the rows table's
     # Hand-checkable rows: the second sentence of answer 1 has no support, answer 2 abstains.
     assert logged["faithfulness/mean"] == pytest.approx((1 / 2 + 1.0) / 2)
     table = result.tables["eval_results_table"]
