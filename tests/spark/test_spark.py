@@ -135,11 +135,13 @@ def assert_rows_equal(out: pd.DataFrame, single) -> None:
         assert cells(out[f"{m.key}/skip_reason"]) == skipped, m.name
 
 
-def assert_aggregates_equal(spark_metrics: dict[str, float], single) -> None:
-    expected = single.aggregates()
-    assert set(spark_metrics) == set(expected)
-    for key, value in expected.items():
-        assert spark_metrics[key] == pytest.approx(value, rel=0, abs=1e-12), key
+def assert_aggregates_equal(done, single) -> None:
+    """The run's metrics (the means and CI bounds) and every statistic of its figures equal the
+    single-process route's."""
+    for got, expected in ((done.metrics, single.run_metrics()), (done.figures.aggregates(), single.aggregates())):
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value, rel=0, abs=1e-12), key
 
 
 def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tracking_uri, tmp_path):
@@ -149,14 +151,14 @@ def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tr
     single = evaluate_records(records_from_frame(frame), RETRIEVAL, available_fields=FIELDS)
     assert {m.summary.n_skipped for m in single.metrics} != {0}  # not-applicable rows are in play
     with mlflow.start_run():
-        done = evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), max_table_rows=0, run_metrics="all")
+        done = evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), max_table_rows=0)
     out = scored_rows(done.output)
     assert len(out) == len(frame)  # one output row per input row
     assert out["question"].tolist() == frame["question"].tolist()  # the global index is the files' order
     assert_rows_equal(out, single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert all(f"{m.key}/ci_low" in done.metrics for m in single.metrics)  # the CIs were compared, not skipped
-    assert all(f"{m.key}/worst10_mean" in done.metrics for m in single.metrics)  # and the worst deciles
+    assert all(f"{m.key}/worst10_mean" in done.figures.aggregates() for m in single.metrics)  # and the worst deciles
     assert done.figures.dataset_digest == single.dataset_digest == dataset_digest(records_from_frame(frame))
     for a, b in zip(done.figures.metrics, single.metrics):
         assert a.skip_reasons() == b.skip_reasons() and a.failures() == b.failures()
@@ -171,7 +173,7 @@ def test_another_seed_gives_the_single_process_ci_of_that_seed(spark, rows_2000,
     with mlflow.start_run():
         done = evaluate_spark(spark.read.parquet(str(path / "part-00001.parquet")), ["mrr"], seed=7,
                               output=str(tmp_path / "scored"), max_table_rows=0)
-    assert_aggregates_equal(done.metrics, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
+    assert_aggregates_equal(done, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
     seed_0 = evaluate_records(records, ["mrr"], available_fields=FIELDS).aggregates()
     assert done.metrics["mrr/ci_low"] != seed_0["mrr/ci_low"]  # the seed was used, not the default
     # a DataFrame has no path to name: its dataset input is MLflow's code source, with the digest
@@ -192,7 +194,7 @@ def test_scripted_judge_rows_and_aggregates_equal_single_process(spark, rows_200
         done = evaluate_spark(path, SCRIPTED, judge="scripted", output=str(tmp_path / "scored"), max_table_rows=0)
     out = scored_rows(done.output)
     assert_rows_equal(out, single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert done.figures.judge == single.judge
     assert done.figures.judge_usage["provider_calls"] + done.figures.judge_usage["cache_hits"] > 0
 
@@ -209,7 +211,7 @@ def test_local_judge_default_suite_equal_single_process(spark, rows_2000, tracki
     assert done.figures.left_out == single.left_out  # the default suite drops the same metrics
     assert single.left_out and "answer_relevancy" in [m.name for m in single.metrics]
     assert_rows_equal(scored_rows(done.output), single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert done.figures.judge_usage["embedding_batches"] > 0  # summed over the workers
 
 
@@ -306,9 +308,11 @@ def test_run_holds_what_a_single_process_run_holds(spark, rows_2000, tracking_ur
     (logged,) = MlflowClient().get_run(spark_run.info.run_id).inputs.dataset_inputs  # the file, by reference
     assert (logged.dataset.name, json.loads(logged.dataset.source)) == ("small", {"uri": str(path)})
     assert logged.dataset.digest == single_params["rag_eval.dataset_digest"]
-    # the Spark run says where its rows are; without the table it does not announce one
-    expected_tags = single_tags | {ROWS_PATH_TAG}
-    assert spark_tags == (expected_tags if rows_logged else expected_tags - {"mlflow.loggedArtifacts"})
+    # the Spark run says where its rows are; without the table it announces the statistics table only
+    assert spark_tags == single_tags | {ROWS_PATH_TAG}
+    announced = json.loads(MlflowClient().get_run(spark_run.info.run_id).data.tags["mlflow.loggedArtifacts"])
+    assert [a["path"] for a in announced] == (["eval_results_table.json"] if rows_logged else []) + [
+        "rag_eval/statistics.json"]
     spark_files, single_files = _artifacts(spark_run.info.run_id), _artifacts(single_run.info.run_id)
     parquet = {f for f in spark_files if f.startswith(ROWS_ARTIFACT_DIR + "/")}
     assert parquet and all(f.endswith(".parquet") for f in parquet)
