@@ -175,3 +175,15 @@ def test_the_report_prints_no_absolute_path_of_the_model_files(tracking_uri, loc
     page = render_report(result, lineage(result))
     assert path not in page
     assert "/".join(path.rstrip("/").split("/")[-2:]) in page  # the folder's name, and its parent's
+
+
+def test_assert_metrics_meet_reads_the_counts_of_a_run_that_logs_means(tracking_uri, golden):
+    from mlflow_rag_eval.pytest_plugin import assert_metrics_meet
+
+    data = _static(golden)
+    run_id = _plugin(data)
+    assert "mrr/n_scored" not in mlflow.MlflowClient().get_run(run_id).data.metrics
+    policy = {"require_metrics": ["mrr"], "min_scored_rows": 8, "max_error_rate": 0.0}
+    assert_metrics_meet(run_id, policy)  # 8 scored rows, none failed: from its rows table
+    with pytest.raises(AssertionError, match="mrr: 8 scored rows < 9"):
+        assert_metrics_meet(run_id, {**policy, "min_scored_rows": 9})
