@@ -66,12 +66,16 @@ def main(argv: list[str] | None = None):
             data=data, model_type="rag", evaluators="rag",
             evaluator_config={"judge": judge, "metrics": OURS + THEIRS},
         )
+    from mlflow_rag_eval.compare import load_evaluation
+
+    # The run's metrics are the means; the counts are its rows' (recomputed from its rows table).
+    figures = load_evaluation(run.info.run_id).figures()
     print(f"\n{'metric':<32}{'mean':>8}{'scored':>8}{'errors':>8}")
     for name in OURS + THEIRS:
         key = metric_key(name)
         mean = result.metrics.get(f"{key}/mean")
         print(f"{key:<32}{'-' if mean is None else f'{mean:.3f}':>8}"
-              f"{result.metrics[f'{key}/n_scored']:>8.0f}{result.metrics[f'{key}/n_error']:>8.0f}")
+              f"{figures[f'{key}/n_scored']:>8.0f}{figures[f'{key}/n_error']:>8.0f}")
     usage = judge.usage()
     print(f"\njudge {judge.info().name}: {usage['provider_calls']} calls, {usage['cache_hits']} cache hits, "
           f"templates {usage['templates']}")

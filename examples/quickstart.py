@@ -33,6 +33,7 @@ from pipeline import DATA_DIR, log_pipeline  # noqa: E402
 POLICY = Path(__file__).resolve().parent / "gate.yaml"
 VARIANTS = ("extractive", "overconfident")
 SLICE_BY = ["question_type", "difficulty"]
+GOLDEN_SET = "northwind-generated"
 
 SHOWN = (
     "faithfulness/mean",
@@ -128,8 +129,11 @@ def main(argv: list[str] | None = None):
     mlflow.set_tracking_uri(args.tracking_uri)
 
     def run_all(nested: bool):
-        golden = write_golden_set(args.n, "northwind-generated")
-        data = golden.to_frame()
+        from mlflow_rag_eval.golden import golden_dataset
+
+        golden = write_golden_set(args.n, GOLDEN_SET)
+        # The golden set by name and digest: the evaluation runs' Dataset column names it.
+        data = golden_dataset(golden, GOLDEN_SET)
         return {g: evaluate_variant(g, data, args.judge, nested, args.model_name) for g in VARIANTS}
 
     if os.environ.get("MLFLOW_RUN_ID"):

@@ -710,6 +710,10 @@ def _decode_json_cells(frame, mapping, path: str):
 @click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
 @click.option("--slice-by", "slice_by", multiple=True,
               help="A metadata key or column to report every metric per value of. Repeatable.")
+@click.option("--run-metrics", type=click.Choice(["means", "all"]), default="means", show_default=True,
+              help="The run's MLflow metrics: each metric's mean and CI bounds (the counts, quantiles and slices "
+                   "are in its statistics table and report), or every statistic of the run and of each slice, "
+                   "for charting them.")
 @click.option("--col", "columns", multiple=True, metavar="FIELD=COLUMN",
               help="Read a record field from another column, e.g. --col question=query. Repeatable.")
 @click.option("--experiment", default=None, help="Experiment of the run (default: the active one).")
@@ -731,8 +735,9 @@ def _decode_json_cells(frame, mapping, path: str):
 @_tracking_option
 @_judge_limit_options
 def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait, since, since_last, sample,
-                     sample_fraction, max_cost, metrics, judge, slice_by, columns, experiment, run_name, no_traces, no_progress,
-                     max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options) -> None:
+                     sample_fraction, max_cost, metrics, judge, slice_by, run_metrics, columns, experiment, run_name, no_traces,
+                     no_progress, max_error_rate, spark_master, output, max_table_rows, tracking_uri,
+                     judge_options) -> None:
     """Evaluate rows that already hold the pipeline's answers into a new MLflow evaluation run:
     the same metrics, traces, table, lineage, worst rows, report and slices as
     mlflow.evaluate(model_type="rag") logs. Prints the run id last.
@@ -760,7 +765,7 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
     if traces_experiment is not None:
         _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
                          metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
-                         judge_options, lag=lag, lease_wait=lease_wait)
+                         judge_options, lag=lag, lease_wait=lease_wait, run_metrics=run_metrics)
         return
     remote = "://" in data_path
     if not (remote and spark_master) and not Path(data_path).exists():
@@ -768,7 +773,7 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
     if spark_master:
         _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
                            max_error_rate, spark_master, output, max_table_rows, tracking_uri, judge_options,
-                           progress=False if no_progress else None)
+                           progress=False if no_progress else None, run_metrics=run_metrics)
         return
     if output is not None:
         raise click.UsageError("--output is for --spark (the scored rows' Parquet folder)")
@@ -799,9 +804,10 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
         raise SystemExit(UNUSABLE) from None
     _use_store(tracking_uri, experiment)
     with mlflow.start_run(run_name=run_name) as run:
-        log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields,
-                       tags=budget.run_tags(), progress=False if no_progress else None)
+        # The dataset first: the run's description names it.
         log_dataset_input(run.info.run_id, str(Path(data_path).resolve()), result.dataset_digest)
+        log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields,
+                       tags=budget.run_tags(), progress=False if no_progress else None, run_metrics=run_metrics)
     try:
         announce(result, max_error_rate=max_error_rate)
     except ErrorRateExceeded as exc:
@@ -826,7 +832,7 @@ def _check_evaluate_route(data_path, traces_experiment, data_options: bool, trac
 
 def _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample, sample_fraction, max_cost,
                      metrics, judge, slice_by, experiment, run_name, no_progress, max_error_rate, tracking_uri,
-                     judge_options, *, lag=None, lease_wait=None) -> None:
+                     judge_options, *, lag=None, lease_wait=None, run_metrics="means") -> None:
     """``evaluate --traces EXPERIMENT``: the experiment's traces scored in place."""
     from mlflow import MlflowClient
 
@@ -843,7 +849,7 @@ def _evaluate_traces(traces_experiment, trace_filter, since, since_last, sample,
                                sample_fraction=sample_fraction, max_cost=max_cost, slice_by=list(slice_by),
                                run_name=run_name, progress=False if no_progress else None,
                                lag="10m" if lag is None else lag, lease_wait=lease_wait or 0.0,
-                               client=MlflowClient(tracking_uri))
+                               client=MlflowClient(tracking_uri), run_metrics=run_metrics)
     except (ValueError, LeaseHeld, TrackingServerError) as exc:  # BudgetExceeded too
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
@@ -882,7 +888,7 @@ def _local_workers_run_this_python(local: bool, start):
 
 def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment, run_name, no_traces,
                        max_error_rate, master, output, max_table_rows, tracking_uri, judge_options, *,
-                       progress: bool | None = None) -> None:
+                       progress: bool | None = None, run_metrics: str = "means") -> None:
     """``evaluate --spark MASTER``: a SparkSession on ``master``, ``evaluate_spark`` on the Parquet."""
     from mlflow_rag_eval.results import ErrorRateExceeded
 
@@ -907,7 +913,7 @@ def _evaluate_on_spark(data_path, metrics, judge, slice_by, columns, experiment,
         done = evaluate_spark(path, names, judge, col_mapping=_column_mapping(columns),
                               output=output, max_table_rows=max_table_rows, log_traces=not no_traces,
                               slice_by=list(slice_by) or None, max_error_rate=max_error_rate, run_name=run_name,
-                              judge_options=judge_options)
+                              judge_options=judge_options, run_metrics=run_metrics)
     except ErrorRateExceeded as exc:
         click.echo(f"evaluation failed: {exc} (the run keeps the evidence)", err=True)
         raise SystemExit(UNUSABLE) from None

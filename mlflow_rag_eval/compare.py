@@ -41,9 +41,10 @@ from mlflow_rag_eval import stats
 from mlflow_rag_eval._util.text_table import text_table
 from mlflow_rag_eval.evaluation.slices import load_slices
 from mlflow_rag_eval.keys import metric_key, metrics_in_columns, score_column
+from mlflow_rag_eval.results import MetricSummary, summarize_values
 
 __all__ = [
-    "Comparison", "EvaluatedRun", "MetricDelta", "NotComparable", "SliceDelta", "compare_evaluations",
+    "Comparison", "EvaluatedRun", "MetricDelta", "NonFiniteScores", "NotComparable", "SliceDelta", "compare_evaluations",
     "compare_runs", "load_evaluation", "paired_scores", "slice_deltas",
 ]
 
@@ -53,6 +54,10 @@ P_THRESHOLD = 0.05
 
 class NotComparable(ValueError):
     """The runs differ in what makes their numbers comparable (dataset, judge, prompts)."""
+
+
+class NonFiniteScores(ValueError):
+    """A run's rows table holds a non-finite score: no evaluation writes one."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,39 @@ class EvaluatedRun:
     def scores(self, metric: str) -> np.ndarray:
         """The metric's score per row; NaN where the row has none (failed or not applicable)."""
         return pd.to_numeric(self.table[score_column(metric)], errors="coerce").to_numpy(dtype=float)
+
+    def summary(self, metric: str) -> MetricSummary | None:
+        """:func:`~mlflow_rag_eval.results.summarize_values` of the metric's rows in the table
+        (``<key>/score``, ``<key>/error``), as the evaluation summarized them when it logged the
+        run, in the metric's direction as the run's lineage records it (its worst rows are the
+        highest of a lower-is-better metric); None when the table has no score column for it.
+        A table without the ``<key>/error`` column counts no failed row (every evaluation writes it).
+
+        Raises:
+            NonFiniteScores: a scored row's value is infinite.
+        """
+        frame = self.table
+        if score_column(metric) not in frame:
+            return None
+        scores = self.scores(metric)
+        error_column = f"{metric_key(metric)}/error"  # beside <key>/score, as EvaluationResult.table writes it
+        failed = pd.notna(frame[error_column]).to_numpy() if error_column in frame else np.zeros(len(frame), bool)
+        scored = ~np.isnan(scores) & ~failed
+        if not np.isfinite(scores[scored]).all():
+            raise NonFiniteScores(f"run {self.run_id}: its rows table holds a non-finite {score_column(metric)}")
+        n_error = int(failed.sum())
+        return summarize_values(scores[scored], n_error, len(frame) - int(scored.sum()) - n_error,
+                                greater_is_better=self.greater_is_better.get(metric_key(metric), True))
+
+    def figures(self) -> dict[str, float]:
+        """The run's MLflow metrics with every statistic of each metric in its table
+        (``<key>/mean``, ``/n_scored``, ``/n_error``, ``/p10``...) recomputed from its rows
+        (:meth:`summary`): the same figures whether the run logged them all as metrics (runs
+        logged before the statistics table, or with ``run_metrics="all"``) or only the means."""
+        out = dict(self.metrics)
+        for metric in self.metric_keys():
+            out.update(self.summary(metric).as_metrics(metric))
+        return out
 
 
 def load_evaluation(run_id: str, client=None) -> EvaluatedRun:

@@ -45,9 +45,9 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
-    "AGGREGATES", "MAX_KEY_LENGTH", "PANEL_STATS", "PPI_STATS", "SEGMENT_LIMIT", "SLICE", "aggregate_key", "display_name", "is_namespaced",
-    "is_slice_key", "metric_key", "metrics_in_columns", "score_column", "slice_prefix", "slice_segments",
-    "split_aggregate_key",
+    "AGGREGATES", "COUNTS", "MAX_KEY_LENGTH", "PANEL_STATS", "PPI_STATS", "RUN_METRICS", "RUN_STATS", "SEGMENT_LIMIT",
+    "SLICE", "aggregate_key", "check_run_metrics", "display_name", "is_namespaced", "is_slice_key", "metric_key",
+    "metrics_in_columns", "score_column", "slice_prefix", "slice_segments", "split_aggregate_key",
 ]
 
 #: the per-run statistics of a metric that are logged as ``<key>/<stat>`` and that a gate
@@ -55,6 +55,19 @@ __all__ = [
 #: ``p10`` is the 10th percentile, ``worst10_mean`` the mean of the worst 10% of the scored rows
 #: (at least one, by the metric's direction), the one that guards the worst rows
 AGGREGATES = ("mean", "median", "p10", "worst10_mean", "ci_low", "ci_high")
+#: the row counts of a metric (``<key>/n_scored``, ``<key>/n_error``)
+COUNTS = ("n_scored", "n_error")
+#: the statistics of a metric a run logs as MLflow metrics by default: what a person compares
+#: across runs in the runs table (a metric's keys sort together: ``<key>/ci_high``, ``/ci_low``,
+#: ``/mean``). The counts, quantiles, worst decile and per-slice figures are in the run's
+#: statistics table (``rag_eval/statistics.json``) and report, and the gate recomputes them
+#: from the rows table
+RUN_STATS = ("mean", "ci_low", "ci_high")
+#: what a run logs as MLflow metrics (the ``run_metrics`` option of every route):
+#: ``"means"`` each metric's :data:`RUN_STATS`; ``"all"`` every statistic (the counts,
+#: :data:`AGGREGATES`, a panel's agreement) of the run and of each slice, as runs logged them
+#: before the statistics table, for those who chart them
+RUN_METRICS = ("means", "all")
 #: the PPI estimate of a metric's mean (:mod:`mlflow_rag_eval.stats.ppi`), logged as ``<key>/<stat>``
 #: once humans labelled some of a run's rows; floors may name these too
 PPI_STATS = ("ppi_mean", "ppi_ci_low", "ppi_ci_high")
@@ -73,6 +86,17 @@ MAX_KEY_LENGTH = 250
 #: the longest statistic a slice key ends with (``worst10_mean``)
 _LONGEST_STAT = max(len(s) for s in (*AGGREGATES, "n_scored", "n_error"))
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def check_run_metrics(value: str, where: str = "run_metrics") -> str:
+    """``value`` if it is one of :data:`RUN_METRICS`.
+
+    Raises:
+        ValueError: naming ``where`` (the setting) and the values it takes.
+    """
+    if value not in RUN_METRICS:
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, RUN_METRICS))}, got {value!r}")
+    return value
 
 
 def metric_key(name: str) -> str:

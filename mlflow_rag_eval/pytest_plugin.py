@@ -104,10 +104,18 @@ def _metrics_of(source: Any, client=None) -> dict[str, float]:
     if isinstance(source, str):
         import mlflow
 
-        return dict((client or mlflow.MlflowClient()).get_run(source).data.metrics)
+        from mlflow_rag_eval.compare import NotComparable, load_evaluation
+
+        client = client or mlflow.MlflowClient()
+        try:  # a run logs its means; the counts and quantiles are its rows'
+            return load_evaluation(source, client).figures()
+        except NotComparable:  # no rag evaluation (the extra_metrics route): its metrics as logged
+            return dict(client.get_run(source).data.metrics)
     if isinstance(source, Mapping):
         return dict(source)
     if isinstance(getattr(source, "metrics", None), Mapping):  # mlflow.models.EvaluationResult
+        if isinstance(getattr(source, "run_id", None), str):  # its run holds the counts the metrics lack
+            return {**dict(source.metrics), **_metrics_of(source.run_id, client)}
         return dict(source.metrics)
     raise TypeError(f"expected a run id, a metrics mapping or an evaluation result, got {type(source).__name__}")
 

@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_rag_eval.keys import AGGREGATES, metric_key  # metric_key re-exported: the key naming lives in keys.py
+from mlflow_rag_eval.keys import (  # metric_key re-exported: key naming lives in keys.py
+    AGGREGATES,
+    RUN_STATS,
+    metric_key,
+)
 from mlflow_rag_eval.stats import SEED, mean_ci
 
 __all__ = [
@@ -228,6 +232,15 @@ class MetricFigures:
         if self.agreement is not None:
             out.update(self.agreement.as_metrics(self.key))
         return out
+
+    def run_metrics(self, run_metrics: str = "means") -> dict[str, float]:
+        """What a run logs of the metric as MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`):
+        its :data:`~mlflow_rag_eval.keys.RUN_STATS` (``"means"``), or every aggregate (``"all"``)."""
+        every = self.aggregate_metrics()
+        if run_metrics == "all":
+            return every
+        wanted = {f"{self.key}/{stat}" for stat in RUN_STATS}
+        return {k: v for k, v in every.items() if k in wanted}
 
     def failures(self) -> list[tuple[str, int, str]]:
         return list(self.failure_counts)

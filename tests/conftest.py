@@ -107,6 +107,15 @@ def demo(tmp_path_factory):
                            n_rows=int(golden.tags["rag_eval.golden_set_rows"]))
 
 
+def figures_of(source) -> dict[str, float]:
+    """An evaluation run's figures: its metrics (the means) with every statistic of each metric
+    (``/n_scored``, ``/n_error``, ``/p10``...) recomputed from its rows table, as the gate and
+    ``compare`` read them. ``source``: a run id, or what ``mlflow.evaluate`` returned."""
+    from mlflow_rag_eval.compare import load_evaluation
+
+    return load_evaluation(source if isinstance(source, str) else source.run_id).figures()
+
+
 def refusing_judge(word: str):
     """The scripted LLM judge, refusing to verify any text containing ``word``: a named
     ``Refusal`` error on that row, the default lexical verdicts on the others."""

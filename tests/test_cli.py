@@ -229,7 +229,8 @@ def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suf
     rows = _rows()
     _write_rows(rows, path)
     result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", "hit@5,mrr",
-                                       "--judge", "scripted", "--slice-by", "difficulty", "--run-name", "cli-eval"])
+                                       "--judge", "scripted", "--slice-by", "difficulty", "--run-name", "cli-eval",
+                                       "--run-metrics", "all"])  # every statistic, the slices' too
     assert result.exit_code == 0, result.output
     run = mlflow.MlflowClient().get_run(result.stdout.strip().splitlines()[-1])  # the run id, last
     assert run.info.run_name == "cli-eval" and run.data.tags["mlflow.runType"] == "genai_evaluate"
@@ -289,7 +290,9 @@ def test_evaluate_sets_an_llm_judges_limits_from_the_command_line(tracking_uri, 
     assert result.exit_code == 0, result.output
     run_id = result.stdout.strip().splitlines()[-1]
     client = mlflow.MlflowClient()
-    assert client.get_run(run_id).data.metrics["faithfulness/n_error"] == 1
+    from mlflow_rag_eval.compare import load_evaluation
+
+    assert load_evaluation(run_id, client).figures()["faithfulness/n_error"] == 1  # counts: the rows table's
     lineage = json.loads(open(client.download_artifacts(run_id, "rag_eval/judge_lineage.json", str(tmp_path))).read())
     assert lineage["judge"]["params"]["rate_limit"] == 5.0, lineage["judge"]
 

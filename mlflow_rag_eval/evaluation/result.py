@@ -98,11 +98,19 @@ class EvaluationFigures(EvaluationContext):
         return [m for m in self.metrics if m.error_rate > max_error_rate]
 
     def aggregates(self) -> dict[str, float]:
-        """Flat MLflow metrics: ``<key>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``, ...
-        (``/panel_alpha``... too when a judge panel judged the metric)."""
+        """Every statistic as a flat dict: ``<key>/mean``, ``/median``, ``/p10``, ``/worst10_mean``,
+        ``/n_scored``, ... (``/panel_alpha``... too when a judge panel judged the metric)."""
         out: dict[str, float] = {}
         for m in self.metrics:
             out.update(m.aggregate_metrics())
+        return out
+
+    def run_metrics(self, run_metrics: str = "means") -> dict[str, float]:
+        """What the run logs as MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`): each
+        metric's mean and CI bounds, or (``"all"``) :meth:`aggregates`."""
+        out: dict[str, float] = {}
+        for m in self.metrics:
+            out.update(m.run_metrics(run_metrics))
         return out
 
 
@@ -133,6 +141,10 @@ class EvaluationResult(EvaluationContext):
     def aggregates(self) -> dict[str, float]:
         """See :meth:`EvaluationFigures.aggregates`."""
         return self.figures().aggregates()
+
+    def run_metrics(self, run_metrics: str = "means") -> dict[str, float]:
+        """See :meth:`EvaluationFigures.run_metrics`."""
+        return self.figures().run_metrics(run_metrics)
 
     def table(self, trace_ids: Sequence[str] | None = None) -> pd.DataFrame:
         """One row per record: inputs, outputs, ``<key>/score``, ``/justification``, ``/error``

@@ -4,9 +4,12 @@ Each check is one row of the decision table: which metric, what kind of check, t
 the threshold, and whether it passed. A failed check carries a one-line reason. A per-slice
 check names its slice (``difficulty=hard``), shown beside its kind.
 
-The figures checked are recomputed from the run's per-row table (:func:`verified_figures`):
-anyone who can write to a run can overwrite its metrics (``log_metric(run, "faithfulness/n_error",
-0)``), and a logged figure that disagrees with the rows it summarizes is refused, not believed.
+The figures checked are recomputed from the run's per-row table (:func:`verified_figures`),
+whatever the run logged as metrics: a run logs only each metric's mean and CI bounds (the
+counts and quantiles are its rows'), and one logged before that, with every statistic as a
+metric, is read the same way. Anyone who can write to a run can overwrite its metrics
+(``log_metric(run, "faithfulness/n_error", 0)``): a logged figure that disagrees with the rows
+it summarizes is refused, not believed.
 The PPI figures (``<metric>/ppi_*``) are not in the table: the gate recomputes those it decides
 on from the human labels on the run's traces (:func:`mlflow_rag_eval.gate.evidence.recompute_ppi`),
 and calibrations from their labels; neither is read from metrics.
@@ -21,13 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from mlflow_rag_eval import stats
 from mlflow_rag_eval._util.text_table import text_table
 from mlflow_rag_eval.gate.policy import EVERY_SLICE, GatePolicy
-from mlflow_rag_eval.keys import AGGREGATES, PPI_STATS, is_slice_key, metric_key, score_column, split_aggregate_key
-from mlflow_rag_eval.results import summarize_values
+from mlflow_rag_eval.keys import AGGREGATES, PPI_STATS, is_slice_key, split_aggregate_key
 
 __all__ = [
     "AlteredRun", "Check", "calibration_check", "metric_checks", "regression_check", "regression_p_values",
@@ -96,24 +97,17 @@ def _shown(value: float) -> str:
     return str(int(value)) if _is_number(value) and value.is_integer() else f"{value:g}"
 
 
-def _table_summary(evaluation, metric: str):
-    """:func:`~mlflow_rag_eval.results.summarize_values` of the metric's rows in the run's table
-    (``<key>/score``, ``<key>/error``), as the evaluation summarized them when it logged the run,
-    in the metric's direction as the run's lineage records it (its worst rows are the highest
-    of a lower-is-better metric); None when the table has no score column for it."""
-    frame = evaluation.table
-    if score_column(metric) not in frame:
-        return None
-    scores = evaluation.scores(metric)
-    error_column = f"{metric_key(metric)}/error"  # beside <key>/score, as EvaluationResult.table writes it
-    failed = pd.notna(frame[error_column]).to_numpy() if error_column in frame else np.zeros(len(frame), bool)
-    scored = ~np.isnan(scores) & ~failed
-    if not np.isfinite(scores[scored]).all():
-        raise AlteredRun(f"run {evaluation.run_id}: its rows table holds a non-finite {score_column(metric)}: "
-                         "no evaluation writes one; the table was altered after it was evaluated")
-    n_error = int(failed.sum())
-    return summarize_values(scores[scored], n_error, len(frame) - int(scored.sum()) - n_error,
-                            greater_is_better=evaluation.greater_is_better.get(metric_key(metric), True))
+def _table_figures(evaluation, metric: str) -> dict[str, float]:
+    """Every statistic of the metric recomputed from the run's rows table
+    (:meth:`~mlflow_rag_eval.compare.EvaluatedRun.summary`, as the evaluation computed them when
+    it logged the run); none when the table has no score column for it."""
+    from mlflow_rag_eval.compare import NonFiniteScores
+
+    try:
+        summary = evaluation.summary(metric)
+    except NonFiniteScores as exc:
+        raise AlteredRun(f"{exc}: no evaluation writes one; the table was altered after it was evaluated") from None
+    return {} if summary is None else summary.as_metrics(metric)
 
 
 def _disagreement(run_id: str, key: str, logged: float, recomputed: float | None) -> str | None:
@@ -139,40 +133,38 @@ def _disagreement(run_id: str, key: str, logged: float, recomputed: float | None
 def verified_figures(evaluation, metrics, keys=()) -> dict[str, float]:
     """The run's figures for the gate, each one it checks recomputed from the run's rows table.
 
-    For each metric of ``metrics`` (keys) the run logged, its ``n_scored``, ``n_error`` and
+    For each metric of ``metrics`` (keys) in the table, its ``n_scored``, ``n_error`` and
     ``mean``; for each aggregate key of ``keys`` (``faithfulness/p10``: a floor's or a
     ceiling's), that statistic: each is :func:`~mlflow_rag_eval.results.summarize_values` of
-    the table's rows (the function that computed the logged figure), compared with the logged
-    one and used in its place. A figure the run did not log stays out (the checks report it
-    missing). Every other metric is the run's as logged: the PPI estimates, which the table
-    does not hold, are refused when infinite (NaN is how ``mlflow-rag-eval ppi`` says "no
-    interval": the checks fail on it).
+    the table's rows (the function that computed the logged figure). Where the run logged the
+    same figure as a metric (its mean and CI bounds; every statistic on a run logged before
+    the statistics table, or with ``run_metrics="all"``), the logged one must agree. A metric
+    the table has no column for stays out (the checks report it missing), and so does a
+    statistic its rows cannot give (a CI of one row). Every other metric is the run's as
+    logged: the PPI estimates, which the table does not hold, are refused when infinite (NaN
+    is how ``mlflow-rag-eval ppi`` says "no interval": the checks fail on it).
 
     Raises:
         AlteredRun: a logged figure disagrees with the table beyond float noise, or is not a
             finite number, naming the run, the figure and both values.
     """
     logged = dict(evaluation.metrics)
-    wanted: dict[str, set[str]] = {}
-    for metric in metrics:
-        if f"{metric}/n_scored" in logged:
-            wanted.setdefault(metric, set()).update(("n_scored", "n_error", "mean"))
+    wanted: dict[str, set[str]] = {metric: {"n_scored", "n_error", "mean"} for metric in metrics}
     for key in keys:
         metric, stat = split_aggregate_key(key)
-        if stat in AGGREGATES and f"{metric}/n_scored" in logged:
+        if stat in AGGREGATES:
             wanted.setdefault(metric, set()).add(stat)
     out = dict(logged)
     for metric, wanted_stats in wanted.items():
-        summary = _table_summary(evaluation, metric)
-        recomputed = summary.as_metrics(metric) if summary is not None else {}
+        recomputed = _table_figures(evaluation, metric)
         for stat in sorted(wanted_stats):
             key = f"{metric}/{stat}"
-            if key not in logged:
-                continue
-            why = _disagreement(evaluation.run_id, key, logged[key], recomputed.get(key))
-            if why:
-                raise AlteredRun(why)
-            out[key] = recomputed[key]
+            if key in logged:
+                why = _disagreement(evaluation.run_id, key, logged[key], recomputed.get(key))
+                if why:
+                    raise AlteredRun(why)
+            if key in recomputed:
+                out[key] = recomputed[key]
     for metric in metrics:  # NaN is ppi's own "no interval" (it cannot delete a metric): left to the checks
         for stat in (*PPI_STATS, "ppi_confidence"):
             value = logged.get(f"{metric}/{stat}")
@@ -185,7 +177,8 @@ def verified_figures(evaluation, metrics, keys=()) -> dict[str, float]:
 def metric_checks(metrics: Mapping[str, float], policy: GatePolicy) -> list[Check]:
     """Required metrics present, scored rows, error rate, floors and ceilings, per gated metric."""
     checks: list[Check] = []
-    logged = sorted({k.rsplit("/", 1)[0] for k in metrics if k.endswith("/n_scored") and not is_slice_key(k)})
+    logged = sorted({k.rsplit("/", 1)[0] for k in metrics
+                     if k.endswith(("/n_scored", "/mean")) and not is_slice_key(k)})
     for metric in policy.gated_metrics:
         n_scored = metrics.get(f"{metric}/n_scored")
         if n_scored is None:

@@ -37,8 +37,9 @@ Defaults, when the policy leaves them out; both bound what the other checks can 
   pairs only rows scored in both runs: a candidate whose judge failed on half its rows would
   be compared on the half that worked, and pass. At most one failed row in twenty keeps a
   floor or a delta about (nearly) the whole golden set; ``1.0`` turns the check off, which a
-  policy must then say. A run that did not log ``<metric>/n_error`` fails the check (its
-  error rate is unknown), never passes it silently.
+  policy must then say. The failed rows are counted in the run's rows table, whatever the
+  run logged as metrics; figures without ``<metric>/n_error`` (a mapping given to
+  ``assert_metrics_meet``) fail the check (the error rate is unknown), never pass it silently.
 * ``min_scored_rows: 30``. Below about 30 scored rows, a mean of scores in [0, 1] has a 95%
   interval wider than +-0.18 (binary scores at 0.5: 1.96 * sqrt(0.25 / 30)) and the
   bootstrap behind the regression CI is unstable, so floors and tolerances of a

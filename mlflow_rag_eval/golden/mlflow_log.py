@@ -14,6 +14,11 @@ tracking store can hold:
   ``rag_eval/golden_set.jsonl``, the drop report as ``rag_eval/golden_set_report.json``, the
   generator as params and the kept/dropped counts as metrics.
 
+:func:`golden_dataset` is the set as the data of an evaluation, an MLflow dataset named after
+the set with its digest (``mlflow.evaluate(data=golden_dataset(golden, name), ...)``): the
+evaluation run's dataset input, which the Evaluation runs page shows, is then the golden set
+by name and digest, not MLflow's default ``dataset``.
+
 Not both: MLflow's Evaluation runs page lists every run of the experiment that logged no
 model, so a run for the set would sit among the evaluations as one more "evaluation" with no
 figures. Either way the record carries ``rag_eval.dataset_digest``, the digest every
@@ -36,7 +41,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from mlflow_rag_eval.golden.generate import DROP_REASONS, QUESTION_TYPES, GoldenSet
 
-__all__ = ["GOLDEN_SET_FILE", "GOLDEN_SET_REPORT_FILE", "GOLDEN_SET_TAG", "LoggedGoldenSet", "log_golden_set"]
+__all__ = ["GOLDEN_SET_FILE", "GOLDEN_SET_REPORT_FILE", "GOLDEN_SET_TAG", "LoggedGoldenSet", "golden_dataset",
+           "log_golden_set"]
 
 GOLDEN_SET_FILE = "rag_eval/golden_set.jsonl"
 GOLDEN_SET_REPORT_FILE = "rag_eval/golden_set_report.json"
@@ -54,6 +60,16 @@ class LoggedGoldenSet:
     dataset_id: str | None = None
     run_id: str | None = None
     artifact_uri: str | None = None
+
+
+def golden_dataset(golden: GoldenSet, name: str = "golden-set"):
+    """``golden``'s rows (:meth:`GoldenSet.to_frame`) as an MLflow ``PandasDataset`` named
+    ``name`` whose digest is the set's (the ``rag_eval.dataset_digest`` of every evaluation on
+    it): ``mlflow.evaluate`` logs its ``data`` as the run's dataset input, so pass this rather
+    than the bare frame, which MLflow names ``dataset`` under a digest of its own."""
+    import mlflow.data
+
+    return mlflow.data.from_pandas(golden.to_frame(), name=name, digest=golden.digest)
 
 
 def _experiment_id(experiment_id: str | None) -> str:

@@ -12,7 +12,9 @@ by the template engine, and nothing from the data is ever written as markup.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +47,30 @@ _USAGE_LABELS = {
     "latency_s": "latency (s)",
     "embedding_batches": "embedding batches",
 }
+
+
+def _shown_model(model: Any) -> Any:
+    """A judge's model as the report shows it: the last two folders, not the absolute local path of
+    its files (the page is shared; the path says where one machine keeps them). The lineage file
+    keeps the path, and the files' sha256 says which they are."""
+    if not (isinstance(model, str) and os.path.isabs(model)):
+        return model
+    return "/".join(os.path.normpath(model).split(os.sep)[-2:])  # a folder named "model" says little alone
+
+
+def _shown_lineage(lineage: Mapping[str, Any]) -> dict[str, Any]:
+    """The lineage with every judge's model and model settings (a panel's members' too) as
+    :func:`_shown_model` shows them."""
+    shown = copy.deepcopy(dict(lineage))
+    judges = [shown.get("judge") or {}]
+    while judges:
+        judge = judges.pop()
+        if "model" in judge:
+            judge["model"] = _shown_model(judge["model"])
+        if isinstance(judge.get("params"), dict):  # a support model or cross-encoder named by its path
+            judge["params"] = {k: _shown_model(v) for k, v in judge["params"].items()}
+        judges += judge.get("members") or []
+    return shown
 
 
 def _subtitle(lineage: dict[str, Any]) -> str:
@@ -243,6 +269,7 @@ def render_figures_report(
         dataset_digest=figures.dataset_digest,
         n_rows=figures.n_rows,
         judge=figures.judge,
+        judge_model=_shown_model(figures.judge.model),
         # the banner's bold "Uncalibrated judge." heads the warning, which then need not repeat it
         uncalibrated=(uncalibrated_warning(figures.judge.name, figures.calibration) or "").removeprefix(
             "uncalibrated judge: "),
@@ -258,5 +285,5 @@ def render_figures_report(
         worst_limit=limit,
         rows_shown=ROWS_SHOWN,
         usage=_usage(figures, lineage),
-        lineage_json=json.dumps(lineage, indent=2, ensure_ascii=False, default=str),
+        lineage_json=json.dumps(_shown_lineage(lineage), indent=2, ensure_ascii=False, default=str),
     )

@@ -17,6 +17,9 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
 - ``slice_by``: a list of fields, each a column of the data or a key of the ``metadata``
   column's dicts: the run also gets every metric's statistics per value of each field
   (:mod:`mlflow_rag_eval.evaluation.slices`). Checked on the data before the pipeline runs;
+- ``run_metrics``: ``"means"`` (default: each metric's mean and CI bounds are the run's MLflow
+  metrics, the other statistics and the slices' are in its statistics table) or ``"all"``
+  (every statistic of the run and of each slice as an MLflow metric, for charting them);
 - ``max_cost``: US dollars the LLM judge may cost at most (:mod:`mlflow_rag_eval.evaluation.budget`):
   the estimate (calls, tokens, cost) is printed before any judge call, a run estimated above it
   is refused then (:class:`BudgetExceeded`, nothing logged), and one that reaches it stops, the
@@ -57,6 +60,7 @@ try:
     from mlflow_rag_eval.evaluation.engine import evaluate_records
     from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
     from mlflow_rag_eval.evaluation.suite import prepare_suite
+    from mlflow_rag_eval.keys import check_run_metrics
     from mlflow_rag_eval.records import (
         ColumnMapping,
         RecordError,
@@ -64,6 +68,7 @@ try:
         records_from_frame,
         validate_inputs,
     )
+    from mlflow_rag_eval.results import ErrorRateExceeded
     from mlflow_rag_eval.tracking.pipeline_traces import predict_with_traces
     from mlflow_rag_eval.tracking.run_logging import (
         TABLE_FILE,
@@ -81,7 +86,7 @@ __all__ = ["CONFIG_KEYS", "MODEL_TYPE", "RagEvaluator"]
 
 MODEL_TYPE = "rag"
 CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
-                         "slice_by", "progress", "max_cost"})
+                         "slice_by", "progress", "max_cost", "run_metrics"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -173,12 +178,21 @@ class RagEvaluator(ModelEvaluator):
         result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
                                   progress=options.progress, budget=budget)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
+        # mlflow.evaluate logs the metrics an evaluator returns to the run (and links them to the
+        # logged model) when it evaluates one: logged here too, each would have two entries.
+        logged_by_mlflow = frozenset(result.run_metrics(options.run_metrics)) if kwargs.get("model_id") else frozenset()
         metrics = log_evaluation(
             result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
             slice_by=options.slice_by, tags=budget.run_tags(), progress=options.progress,
+            run_metrics=options.run_metrics, skip_metrics=logged_by_mlflow,
         )
         # After logging: a failed evaluation keeps its evidence on the run.
-        announce(result, max_error_rate=options.max_error_rate)
+        try:
+            announce(result, max_error_rate=options.max_error_rate)
+        except ErrorRateExceeded:
+            if logged_by_mlflow:  # mlflow.evaluate logs nothing after an evaluator raised
+                _log_metrics(client, run_id, {k: v for k, v in metrics.items() if k in logged_by_mlflow}, model_id)
+            raise
         return MlflowEvaluationResult(metrics=metrics, artifacts=_artifacts(client, run_id), run_id=run_id)
 
 
@@ -214,11 +228,13 @@ class _Options:
     progress: bool | None
     #: US dollars the judge may cost at most (None: no cap)
     max_cost: float | None = None
+    #: which statistics are the run's MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`)
+    run_metrics: str = "means"
 
 
 def _options(config: Mapping[str, Any]) -> _Options:
-    """``log_traces``, ``max_error_rate``, ``slice_by``, ``progress`` and ``max_cost`` from the config, refused
-    when malformed."""
+    """``log_traces``, ``max_error_rate``, ``slice_by``, ``progress``, ``max_cost`` and ``run_metrics`` from the
+    config, refused when malformed."""
     log_traces = config.get("log_traces", True)
     if not isinstance(log_traces, bool):
         raise ValueError(f"evaluator_config['log_traces'] must be true or false, got {log_traces!r}")
@@ -233,7 +249,18 @@ def _options(config: Mapping[str, Any]) -> _Options:
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"evaluator_config['progress'] must be true or false, got {progress!r}")
     max_cost = check_max_cost(config.get("max_cost"), "evaluator_config['max_cost']")
-    return _Options(log_traces, max_error_rate, slice_by, progress, max_cost)
+    run_metrics = check_run_metrics(config.get("run_metrics", "means"), "evaluator_config['run_metrics']")
+    return _Options(log_traces, max_error_rate, slice_by, progress, max_cost, run_metrics)
+
+
+def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], model_id: str | None) -> None:
+    """The run's metrics, linked to the evaluated logged model, as mlflow.evaluate logs them."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, v, now, 0, model_id=model_id) for k, v in metrics.items()])
 
 
 def _available_fields(frame: pd.DataFrame, mapping: ColumnMapping) -> set[str]:

@@ -9,8 +9,9 @@ fails offline.) The evaluation function's parameters are record fields (``questi
 ``contexts``, ``reference``, ...), which MLflow fills from same-named columns or from its
 ``col_mapping``; ``predictions`` is the answer, and ``targets`` stands in for ``reference``.
 Keys, per-row scores and aggregates are those of the ``rag`` evaluator: ``faithfulness/mean``,
-``faithfulness/p10``, ``faithfulness/n_error``, ... The judge's identity is logged as the same
-params and tags; MLflow's default evaluator has no hook for our lineage artifact.
+``/ci_low``, ``/ci_high``, and with ``run_metrics="all"`` ``faithfulness/p10``,
+``faithfulness/n_error``, ... The judge's identity is logged as the same params and tags;
+MLflow's default evaluator has no hook for our lineage or statistics artifacts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
 from mlflow_rag_eval.judges import Judge
+from mlflow_rag_eval.keys import check_run_metrics
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import records_from_frame
 
@@ -60,10 +62,13 @@ def _log_judge_identity(result) -> None:
         client.set_tag(run.info.run_id, key, value)
 
 
-def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
-    """An MLflow ``EvaluationMetric`` computing ``metric`` with ``judge`` (default: local)."""
+def rag_metric(metric: str | Metric, judge: str | Judge | None = None, *, run_metrics: str = "means"):
+    """An MLflow ``EvaluationMetric`` computing ``metric`` with ``judge`` (default: local);
+    ``run_metrics`` as on every route (:data:`~mlflow_rag_eval.keys.RUN_METRICS`): ``"means"``
+    aggregates the mean and its CI bounds, ``"all"`` every statistic."""
     from mlflow.metrics import MetricValue, make_metric
 
+    check_run_metrics(run_metrics)
     # Checked as on every route: unknown name, missing extra, a judge that cannot perform it.
     suite = prepare_suite([metric], judge, set(ALL_FIELDS))
     (resolved,), judge_obj = suite.metrics, suite.judge
@@ -91,7 +96,7 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
             _logger.warning("rag eval: %s failed on %d of %d rows (%dx %s, e.g. %s)", metric_result.name,
                             metric_result.summary.n_error, len(metric_result.rows), count, kind, example[:200])
         prefix = f"{metric_result.key}/"
-        aggregates = {k[len(prefix):]: v for k, v in metric_result.aggregate_metrics().items()}
+        aggregates = {k[len(prefix):]: v for k, v in metric_result.figures().run_metrics(run_metrics).items()}
         return MetricValue(
             scores=[row.value for row in metric_result.rows],
             justifications=[row.justification for row in metric_result.rows],
@@ -108,7 +113,9 @@ def rag_metric(metric: str | Metric, judge: str | Judge | None = None):
     )
 
 
-def rag_metrics(metrics: Iterable[str | Metric], judge: str | Judge | None = None) -> list:
+def rag_metrics(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
+                run_metrics: str = "means") -> list:
     """``rag_metric`` for each metric, sharing one judge (one model load, one cache)."""
+    check_run_metrics(run_metrics)
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
-    return [rag_metric(m, suite.judge) for m in suite.metrics]
+    return [rag_metric(m, suite.judge, run_metrics=run_metrics) for m in suite.metrics]

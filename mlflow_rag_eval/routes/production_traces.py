@@ -72,6 +72,7 @@ from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, Suite, fields_present, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo
+from mlflow_rag_eval.keys import check_run_metrics
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
 from mlflow_rag_eval.routes.trace_reading import UnreadableTrace, prior_verdicts, record_from_trace, root_span
@@ -420,6 +421,7 @@ def evaluate_traces(
     lease_wait: float = 0.0,
     lease_ttl: float = LEASE_TTL_S,
     client: MlflowClient | None = None,
+    run_metrics: str = "means",
 ) -> TracesEvaluation:
     """Score the traces of ``experiment`` in place (see the module docstring).
 
@@ -444,8 +446,11 @@ def evaluate_traces(
         slice_by: trace tags to report every metric per value of.
         lease_wait: seconds to wait for another run holding the lease (then :class:`LeaseHeld`).
         lease_ttl: seconds a lease lasts without renewal (a killed run's lease expires).
+        run_metrics: which statistics are the run's MLflow metrics, as on every route
+            (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
     """
     client = client or MlflowClient()
+    check_run_metrics(run_metrics)
     _check_arguments(since, since_last, sample, sample_fraction, page_size)
     lag_ms = _lag_ms(lag)
     slice_by = check_slice_by(list(slice_by) or None, "slice_by")
@@ -459,14 +464,14 @@ def evaluate_traces(
         return _evaluate(client, experiment_id, suite, info, tag, lease, filter_string=filter_string, since=since,
                          since_last=since_last, lag_ms=lag_ms, sample=sample, sample_fraction=sample_fraction,
                          max_cost=max_cost, slice_by=slice_by, run_name=run_name, page_size=page_size,
-                         progress=progress, seed=seed)
+                         progress=progress, seed=seed, run_metrics=run_metrics)
     finally:
         lease.release()
 
 
 def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: str, lease: ExperimentLease, *,
               filter_string, since, since_last, lag_ms, sample, sample_fraction, max_cost, slice_by, run_name,
-              page_size, progress, seed) -> TracesEvaluation:
+              page_size, progress, seed, run_metrics="means") -> TracesEvaluation:
     now_ms = int(time.time() * 1000)
     old = _read_checkpoint(client, experiment_id, tag)
     since_ms = old if since_last else parse_since(since)
@@ -488,7 +493,8 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     unscored: list[_Candidate] = []
     if todo:
         unscored = _score_into_run(outcome, client, suite, todo, reading, slice_by, run_name, page_size, progress,
-                                   lease, filter_string=filter_string, usage_before=usage_before)
+                                   lease, filter_string=filter_string, usage_before=usage_before,
+                                   run_metrics=run_metrics)
     outcome.checkpoint_ms = _new_checkpoint(reading, unscored, old, lag_ms, now_ms)
     if outcome.checkpoint_ms is not None and outcome.checkpoint_ms != old:
         lease.check()
@@ -528,7 +534,7 @@ def _check_arguments(since, since_last: bool, sample, fraction, page_size: int) 
 
 def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[_Candidate], reading: _Reading,
                     slice_by, run_name, page_size: int, progress, lease: ExperimentLease, *, filter_string,
-                    usage_before: dict[str, Any]) -> list[_Candidate]:
+                    usage_before: dict[str, Any], run_metrics: str = "means") -> list[_Candidate]:
     """Start the evaluation run, score the candidates into it, log what was scored; returns
     the candidates the budget left unscored."""
     from mlflow_rag_eval._util.progress import progress_wanted
@@ -549,7 +555,7 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
             outcome.spending = {k: now[k] - usage_before[k] for k in now}
             outcome.spending.update(estimated_usd=outcome.estimate.cost_usd or 0.0, spent_usd=outcome.budget.spent)
         outcome.result = _result(suite, scorer)
-        _log_run(outcome, client, filter_string, slice_by, reading)
+        _log_run(outcome, client, filter_string, slice_by, reading, run_metrics)
         link_traces(client, outcome.scored, run_id)
         announce(outcome.result)
     except BaseException:
@@ -580,7 +586,8 @@ def traces_digest(trace_ids: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(trace_ids)).encode()).hexdigest()[:16]
 
 
-def _log_run(outcome: TracesEvaluation, client, filter_string, slice_by, reading: _Reading) -> None:
+def _log_run(outcome: TracesEvaluation, client, filter_string, slice_by, reading: _Reading,
+             run_metrics: str = "means") -> None:
     params = {"rag_eval.traces.experiment_id": outcome.experiment_id,
               "rag_eval.traces.filter": filter_string or "",
               "rag_eval.traces.since_ms": "" if outcome.since_ms is None else str(outcome.since_ms),
@@ -591,7 +598,8 @@ def _log_run(outcome: TracesEvaluation, client, filter_string, slice_by, reading
     spending = {f"rag_eval.judge.{k}": (f"{v:.6f}" if isinstance(v, float) else str(v))
                 for k, v in outcome.spending.items()}
     log_run_contents(outcome.result, outcome.run_id, client, trace_ids=outcome.scored, slice_by=slice_by,
-                     tags={**outcome.budget.run_tags(), **spending, "rag_eval.route": "traces"})
+                     tags={**outcome.budget.run_tags(), **spending, "rag_eval.route": "traces"},
+                     run_metrics=run_metrics)
     client.log_text(outcome.run_id, json.dumps({"trace_ids": outcome.scored, "read": reading.read,
                                                 "skipped": outcome.skipped, "unreadable": outcome.unreadable,
                                                 "spending": outcome.spending}, indent=1), TRACES_FILE)

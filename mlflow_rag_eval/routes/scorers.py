@@ -13,13 +13,14 @@ It returns the same ``Feedback`` the ``rag`` evaluator puts on a row's trace
 (:func:`~mlflow_rag_eval.tracking.traces.row_feedback`): the value, the
 justification as rationale, compact evidence in metadata, ``error`` when the judge could not
 decide, source LLM_JUDGE (the judge's name) or CODE. Aggregations match the ``rag``
-evaluator's keys: ``<metric>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``,
-``/n_error``, and ``/ci_low``, ``/ci_high`` where the metric has them, in the run and in the
-object ``mlflow.genai.evaluate`` returns alike.
+evaluator's run metrics: ``<metric>/mean``, and ``/ci_low``, ``/ci_high`` where the metric has
+them, in the run and in the object ``mlflow.genai.evaluate`` returns alike; with
+``rag_scorers(..., run_metrics="all")`` also ``/median``, ``/p10``, ``/worst10_mean``,
+``/n_scored``, ``/n_error`` and the slices' statistics.
 
 Inside ``mlflow.genai.evaluate`` the scorers also collect their rows, and when MLflow
 aggregates them (after every row is scored) the run gets what a ``rag`` evaluator run holds:
-``rag_eval.*`` params and tags, ``/n_error`` of metrics MLflow did not aggregate, the table with each row's trace id, the
+``rag_eval.*`` params and tags, the table with each row's trace id, the statistics table, the
 lineage, worst rows and report (:mod:`~mlflow_rag_eval.tracking.run_logging`), so
 ``compare`` and the gate accept the run. MLflow aggregates only metrics with at least one
 value: if every row of every rag metric failed, the run holds the per-row errors on its
@@ -56,6 +57,7 @@ from mlflow_rag_eval.evaluation.engine import run_metric
 from mlflow_rag_eval.evaluation.slices import check_slice_by, slice_members
 from mlflow_rag_eval.evaluation.suite import ALL_FIELDS, prepare_suite
 from mlflow_rag_eval.judges import Judge, JudgeInfo, JudgeUnreachable
+from mlflow_rag_eval.keys import RUN_STATS, check_run_metrics
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RagRecord, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.results import MetricResult, RowResult, summarize
@@ -66,12 +68,14 @@ _logger = logging.getLogger(__name__)
 __all__ = ["RagScorer", "rag_scorer", "rag_scorers", "contexts_from_trace"]
 
 
-#: the statistics MLflow aggregates from the scorers' values (its list, per scorer)
-_STATS = ("mean", "median", "p10", "worst10_mean", "n_scored", "n_error")
 #: added to a scorer's aggregations for one evaluation, when the run's contents are written, if
 #: that metric has them: a CI that cannot be computed (one scored row, all rows equal) is left
 #: out of the run, and MLflow would log a None (failing the whole run's metrics)
 _CI_STATS = ("ci_low", "ci_high")
+#: the statistics MLflow aggregates from the scorers' values (its list, per scorer), by
+#: ``run_metrics``: the run's metrics are these (and the CI bounds, above)
+_STATS = {"means": tuple(s for s in RUN_STATS if s not in _CI_STATS),
+          "all": ("mean", "median", "p10", "worst10_mean", "n_scored", "n_error")}
 #: the summaries of the runs written lately, run id -> metric key -> summary: what n_error and
 #: the CI bounds are read from (MLflow hands an aggregation the scored values only)
 _SUMMARIES: dict[str, dict[str, Any]] = {}
@@ -187,14 +191,17 @@ class RagScorer(Scorer):
     _position: int = PrivateAttr(default=0)
     #: keys of the rows' tags the run is sliced by
     _slice_by: tuple[str, ...] = PrivateAttr(default=())
+    #: which statistics are the run's MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`)
+    _run_metrics: str = PrivateAttr(default="means")
 
-    def __init__(self, metric: Metric, judge: Judge | None, **kwargs):
+    def __init__(self, metric: Metric, judge: Judge | None, *, run_metrics: str = "means", **kwargs):
         super().__init__(name=metric.key, aggregations=[
-            _aggregation(s, metric.key, greater_is_better=metric.greater_is_better) for s in _STATS],
+            _aggregation(s, metric.key, greater_is_better=metric.greater_is_better) for s in _STATS[run_metrics]],
                          description=(type(metric).__doc__ or "").strip().split("\n")[0], **kwargs)
         self._metric = metric
         self._judge = judge
         self._position = next(_SCORER_ORDER)
+        self._run_metrics = run_metrics
 
     @callers_logging_kept()
     def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None) -> Feedback | None:
@@ -257,6 +264,8 @@ class _RunRows:
     slice_by: tuple[str, ...] = ()
     #: metric name -> the scorer object MLflow's harness holds (whose aggregations it walks)
     scorers: dict[str, RagScorer] = field(default_factory=dict)
+    #: the scorers' ``run_metrics`` ("all" when any says so)
+    run_metrics: str = "means"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -296,6 +305,8 @@ def _collect(scorer: RagScorer, trace, inputs, outputs, record: RagRecord | None
         run.metrics.setdefault(result.name, (scorer._position, result, judge))
         run.scorers.setdefault(result.name, scorer)
         run.slice_by = tuple(dict.fromkeys((*run.slice_by, *scorer._slice_by)))
+        if scorer._run_metrics == "all":
+            run.run_metrics = "all"
         if scorer._judge is not None:
             run.judges.setdefault(judge.fingerprint, scorer._judge)
         run.seconds[result.name] = run.seconds.get(result.name, 0.0) + seconds
@@ -359,7 +370,7 @@ def _write(run_id: str, run: _RunRows) -> None:
     with_ci = {m.name for m in metrics if _offer_ci(run.scorers[m.name], m.summary)}
     logged_by_mlflow = frozenset(
         f"{m.key}/{stat}" for m in metrics if m.summary.n_scored > 0
-        for stat in (*_STATS, *(_CI_STATS if m.name in with_ci else ()))
+        for stat in (*_STATS[run.scorers[m.name]._run_metrics], *(_CI_STATS if m.name in with_ci else ()))
     )
     model_ids = {r["model_id"] for r in rows if r["model_id"]}
     tags = {"rag_eval.model_id": model_ids.pop()} if len(model_ids) == 1 else {}
@@ -367,7 +378,7 @@ def _write(run_id: str, run: _RunRows) -> None:
     if lost:
         tags[LOST_ROWS_TAG] = str(lost)
     log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow,
-                     slice_by=slice_by)
+                     slice_by=slice_by, run_metrics=run.run_metrics)
     announce(result)
     if lost:
         _logger.error(
@@ -428,14 +439,14 @@ def _lost_rows(stored: dict[str, Any], result, trace_ids: list[str], *, traceles
 
 
 def rag_scorer(metric: str | Metric, judge: str | Judge | None = None, *,
-               slice_by: list[str] | None = None) -> RagScorer:
+               slice_by: list[str] | None = None, run_metrics: str = "means") -> RagScorer:
     """A genai scorer for any registered metric (``faithfulness``, ``ndcg@10``, a rubric...)."""
-    (scorer,) = rag_scorers([metric], judge, slice_by=slice_by)
+    (scorer,) = rag_scorers([metric], judge, slice_by=slice_by, run_metrics=run_metrics)
     return scorer
 
 
 def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
-                slice_by: list[str] | None = None, data=None) -> list[RagScorer]:
+                slice_by: list[str] | None = None, data=None, run_metrics: str = "means") -> list[RagScorer]:
     """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
     as on every route: an unknown name, a missing extra or a metric the judge cannot perform
     is refused now, not turned into an error on every row.
@@ -447,12 +458,16 @@ def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = Non
             evaluator plugin checks its data, and the first bad one is refused naming its row
             (a :class:`RecordError`) before any judge call or run. MLflow hands a scorer one row
             at a time, without its position, so without ``data`` a bad cell is that row's error.
+        run_metrics: ``"means"`` (each metric's mean and CI bounds are the run's MLflow
+            metrics; the rest is in its statistics table) or ``"all"`` (every statistic of the
+            run and of each slice, for charting them): :data:`~mlflow_rag_eval.keys.RUN_METRICS`.
     """
     slice_by = check_slice_by(slice_by, "slice_by")
+    run_metrics = check_run_metrics(run_metrics)
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
     if data is not None:
         check_rows(data, suite.metrics)
-    scorers = [RagScorer(m, suite.judge if m.primitives else None) for m in suite.metrics]
+    scorers = [RagScorer(m, suite.judge if m.primitives else None, run_metrics=run_metrics) for m in suite.metrics]
     for scorer in scorers:
         scorer._slice_by = slice_by
     return scorers

@@ -37,6 +37,7 @@ from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check
 from mlflow_rag_eval.evaluation.suite import Suite, prepare_suite
 from mlflow_rag_eval.judges import DEFAULT_JUDGE, Judge, JudgeUnreachable, get_judge
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
+from mlflow_rag_eval.keys import check_run_metrics
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import ColumnMapping, RecordError, dataset_digest, records_from_frame
 from mlflow_rag_eval.report import render_figures_report
@@ -98,6 +99,7 @@ def evaluate_spark(
     max_error_rate: float | None = None,
     judge_options: dict[str, Any] | None = None,
     run_name: str | None = None,
+    run_metrics: str = "means",
 ) -> SparkEvaluation:
     """Evaluate a Spark DataFrame (or a Parquet path) of RAG rows into one MLflow run.
 
@@ -125,6 +127,7 @@ def evaluate_spark(
         max_error_rate: raise :class:`~mlflow_rag_eval.results.ErrorRateExceeded` after logging
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
+        run_metrics: the run's MLflow metrics, as on every route (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
         judge_options: what the judge is built with (``get_judge(judge, **judge_options)``: an LLM
             judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker.
 
@@ -139,7 +142,7 @@ def evaluate_spark(
     """
     _check_judge_name(judge)
     mapping = ColumnMapping.from_config(col_mapping)
-    slice_fields = check_slice_by(slice_by)
+    slice_fields, run_metrics = check_slice_by(slice_by), check_run_metrics(run_metrics)  # before any scoring
     client = MlflowClient()
     run_id = _run_to_log_into(client, run_id)
 
@@ -153,7 +156,7 @@ def evaluate_spark(
     source = _dataset_source(data)
 
     log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client, source,
-                  max_table_rows=max_table_rows, seed=seed, log_traces=log_traces)
+                  max_table_rows=max_table_rows, seed=seed, log_traces=log_traces, run_metrics=run_metrics)
     if run_id is None:
         with mlflow.start_run(run_name=run_name) as run:
             done = log(run.info.run_id)
@@ -346,35 +349,38 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _log(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, context: dict, output: str, run_id: str,
-         client: MlflowClient, *, max_table_rows: int, seed: int, log_traces: bool) -> SparkEvaluation:
+         client: MlflowClient, *, max_table_rows: int, seed: int, log_traces: bool,
+         run_metrics: str = "means") -> SparkEvaluation:
     tags = {ROWS_PATH_TAG: output}
     if n_rows <= max_table_rows:
         figures, metrics = _log_held(out, indexed, plan, n_rows, context, run_id, client, tags=tags, seed=seed,
-                                     log_traces=log_traces)
+                                     log_traces=log_traces, run_metrics=run_metrics)
     else:
         _logger.warning("rag eval: %d rows > max_table_rows=%d: the run gets the figures, worst rows and report, "
                         "not the per-row table or traces; every row's results are in %s", n_rows, max_table_rows,
                         output)
-        figures, metrics = _log_figures(out, plan, n_rows, context, run_id, client, tags=tags, seed=seed)
+        figures, metrics = _log_figures(out, plan, n_rows, context, run_id, client, tags=tags, seed=seed,
+                                        run_metrics=run_metrics)
     _log_rows(client, run_id, output)
     return SparkEvaluation(run_id=run_id, output=output, figures=figures, metrics=metrics,
                            rows_logged=n_rows <= max_table_rows)
 
 
 def _log_held(out: DataFrame, indexed: DataFrame, plan: Plan, n_rows: int, context: dict, run_id: str,
-              client: MlflowClient, *, tags: dict[str, str], seed: int,
-              log_traces: bool) -> tuple[EvaluationFigures, dict[str, float]]:
+              client: MlflowClient, *, tags: dict[str, str], seed: int, log_traces: bool,
+              run_metrics: str) -> tuple[EvaluationFigures, dict[str, float]]:
     """A run small enough to hold: the records and row results come to the driver and the run is
     logged by the single-process route's :func:`log_evaluation` (table, traces, report and all)."""
     records = _collect.records(indexed, plan)
     result = EvaluationResult(records=records, metrics=_collect.metric_results(out, plan.metrics, n_rows, seed=seed),
                               dataset_digest=dataset_digest(records), **context)
-    metrics = log_evaluation(result, run_id, client, tags=tags, log_traces=log_traces, slice_by=plan.slice_by)
+    metrics = log_evaluation(result, run_id, client, tags=tags, log_traces=log_traces, slice_by=plan.slice_by,
+                             run_metrics=run_metrics)
     return result.figures(), metrics
 
 
 def _log_figures(out: DataFrame, plan: Plan, n_rows: int, context: dict, run_id: str, client: MlflowClient, *,
-                 tags: dict[str, str], seed: int) -> tuple[EvaluationFigures, dict[str, float]]:
+                 tags: dict[str, str], seed: int, run_metrics: str) -> tuple[EvaluationFigures, dict[str, float]]:
     """A run too large to hold: figures from the score columns, the run-level contents as every
     route logs them, the worst rows capped, the report from the score columns."""
     scores, errors = _collect.score_arrays(out, plan.metrics, n_rows)
@@ -386,8 +392,7 @@ def _log_figures(out: DataFrame, plan: Plan, n_rows: int, context: dict, run_id:
         slices = _collect.slice_summaries(_collect.slice_members(out, plan.slice_by, n_rows), figures.metrics,
                                           scores, errors, n_rows, seed=seed)
     metrics, lineage_doc = log_run_level(
-        figures, run_id, client, tags=tags, table=False,
-        extra_metrics=slices.as_metrics() if slices else None,
+        figures, run_id, client, tags=tags, table=False, slices=slices, run_metrics=run_metrics,
         extra_params={SLICE_BY_PARAM: json.dumps(list(plan.slice_by), ensure_ascii=False)} if slices else None)
     worst = _collect.worst_rows(out, figures.metrics, scores, n_rows)
     client.log_text(run_id, json.dumps(worst), WORST_ROWS_FILE)

@@ -7,13 +7,21 @@ What a run holds after an evaluation (one evaluation per run):
 - one trace per row with the metrics as ``Feedback`` and the expectations as ``Expectation``
   assessments (:mod:`mlflow_rag_eval.tracking.traces`), linked to the run and to
   the evaluated logged model; ``log_traces=False`` leaves them out (very large runs);
-- metrics ``<metric>/mean``, ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``, ``/n_error``,
-  ``/ci_low``, ``/ci_high`` (statistics of a metric with no scored row are left out, never NaN);
+- metrics ``<metric>/mean``, ``/ci_low``, ``/ci_high``: what a person compares across runs in
+  the runs table (:data:`~mlflow_rag_eval.keys.RUN_STATS`; a statistic a metric has not, such as
+  the CI of one scored row, is left out, never NaN). With ``run_metrics="all"`` also
+  ``/median``, ``/p10``, ``/worst10_mean``, ``/n_scored``, ``/n_error``, a judge panel's
+  ``/panel_alpha``, ``/panel_alpha_ci_low``, ``/panel_alpha_ci_high``, and every slice's
+  statistics (below): the layout of runs logged before the statistics table, for those who
+  chart them;
+- ``rag_eval/statistics.json`` (:mod:`mlflow_rag_eval.evaluation.statistics`): every statistic
+  of every metric, over all rows and per slice, rounded, in MLflow's table format;
+- the run's description (tag ``mlflow.note.content``, unless the run has one): the judge, the
+  dataset, each metric's mean and CI (rounded) and a link to the report;
 - params ``rag_eval.judge``, ``rag_eval.judge_fingerprint``, ``rag_eval.prompts_version``,
   ``rag_eval.metrics``, ``rag_eval.dataset_digest``, and the same judge identity as tags; for
   a judge panel also ``rag_eval.judge.members`` and ``rag_eval.judge.member_fingerprints``
-  (JSON lists, member order) and metrics ``<metric>/panel_alpha``, ``/panel_alpha_ci_low``,
-  ``/panel_alpha_ci_high`` (the members' agreement, :mod:`mlflow_rag_eval.stats.agreement`);
+  (JSON lists, member order; their agreement is in the lineage and the report);
 - tag ``rag_eval.calibrated``: ``false`` when a judge-graded metric's judge (fingerprint and
   prompts version) has no calibration record in the store, with ``rag_eval.uncalibrated_metrics``
   naming them; each calibrated metric cites its record as ``rag_eval.calibration_run.<key>``;
@@ -30,10 +38,11 @@ What a run holds after an evaluation (one evaluation per run):
   quadrant, the worst rows, the per-slice table, the lineage) that the MLflow UI's artifact
   viewer shows;
 - only when the evaluation was sliced (``slice_by``, :mod:`mlflow_rag_eval.evaluation.slices`): param
-  ``rag_eval.slice_by`` (the fields, as a JSON list), metrics
-  ``<metric>/slice/<field>/<value>/<stat>`` (the same statistics as the run's, on the slice's
-  rows; key segments as :mod:`mlflow_rag_eval.keys` makes them) and ``rag_eval/slices.json``
-  (every slice's figures by field and value, which compare and the gate read).
+  ``rag_eval.slice_by`` (the fields, as a JSON list), ``rag_eval/slices.json`` (every slice's
+  figures by field and value, full precision, which compare and the gate read), the slices'
+  rows of the statistics table, and with ``run_metrics="all"`` metrics
+  ``<metric>/slice/<field>/<value>/<stat>`` (key segments as :mod:`mlflow_rag_eval.keys` makes
+  them).
 
 The run-level part (metrics, params, tags, lineage) is :func:`log_run_level`, on an
 evaluation's figures: every route calls it, so the Spark route (:mod:`mlflow_rag_eval.spark`),
@@ -64,9 +73,10 @@ from mlflow_rag_eval._util.redaction import redact, redact_json_text, redact_str
 from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval.evaluation.result import EvaluationFigures, EvaluationResult
 from mlflow_rag_eval.evaluation.slices import SLICE_BY_PARAM, SLICES_FILE, check_slice_by, compute_slices, slice_members
+from mlflow_rag_eval.evaluation.statistics import STATISTICS_FILE, statistics_json
 from mlflow_rag_eval.judges.base import JudgeInfo
 from mlflow_rag_eval.judges.prompts import PROMPTS
-from mlflow_rag_eval.keys import metric_key
+from mlflow_rag_eval.keys import check_run_metrics, metric_key
 from mlflow_rag_eval.report import render_report, worst_rows
 from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.tracking import seal
@@ -74,7 +84,8 @@ from mlflow_rag_eval.tracking.search import calibration_records
 from mlflow_rag_eval.tracking.traces import log_row_traces
 
 __all__ = [
-    "EVALUATED_TAG", "LINEAGE_FILE", "REPORT_FILE", "SLICES_FILE", "TABLE_FILE", "WORST_ROWS_FILE", "announce",
+    "EVALUATED_TAG", "LINEAGE_FILE", "NOTE_TAG", "REPORT_FILE", "SLICES_FILE", "STATISTICS_FILE", "TABLE_FILE",
+    "WORST_ROWS_FILE", "announce",
     "assert_run_is_fresh", "lineage", "log_dataset_input", "log_evaluation", "log_run_contents", "log_run_level",
 ]
 
@@ -85,6 +96,8 @@ LINEAGE_FILE = "rag_eval/judge_lineage.json"
 WORST_ROWS_FILE = "rag_eval/worst_rows.json"
 REPORT_FILE = "rag_eval/report.html"
 EVALUATED_TAG = "rag_eval.evaluated"
+#: the run's description in the MLflow UI (markdown)
+NOTE_TAG = "mlflow.note.content"
 
 
 def _version(package: str) -> str | None:
@@ -94,12 +107,41 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _logged_artifacts_with_table(client: MlflowClient, run_id: str) -> str:
-    """The run's ``mlflow.loggedArtifacts`` tag with the table added, as ``log_table`` sets it:
-    the MLflow UI's evaluation table view reads it."""
-    logged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
-    entry = {"path": TABLE_FILE, "type": "table"}
-    return json.dumps(logged if entry in logged else [*logged, entry])
+def _logged_artifacts_with(run, paths: Sequence[str]) -> str:
+    """The run's ``mlflow.loggedArtifacts`` tag with the tables at ``paths`` added, as
+    ``log_table`` sets it: the MLflow UI's evaluation table view reads it."""
+    logged = json.loads(run.data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+    for path in paths:
+        entry = {"path": path, "type": "table"}
+        logged = logged if entry in logged else [*logged, entry]
+    return json.dumps(logged)
+
+
+def _shown(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def run_note(figures: EvaluationFigures, experiment_id: str, run_id: str, dataset_name: str | None = None) -> str:
+    """The run's description (markdown, the MLflow UI's run page shows it): the judge, the
+    dataset, each metric's mean and 95% CI rounded to 3 decimals, and links to the report and
+    the statistics table in the run's artifacts."""
+    artifacts = f"#/experiments/{experiment_id}/runs/{run_id}/artifacts"
+    dataset = f"**{dataset_name}** " if dataset_name else ""
+    lines = [
+        f"RAG evaluation of {figures.n_rows:,} rows of {dataset}(digest `{figures.dataset_digest[:12]}`), "
+        f"judged by **{figures.judge.name}** (fingerprint `{figures.judge.fingerprint}`).",
+        "",
+        f"[Open the report]({artifacts}/{REPORT_FILE}) · [statistics per metric and slice]({artifacts}/{STATISTICS_FILE})",
+        "",
+        "| metric | mean | 95% CI | scored | failed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in figures.metrics:
+        s = m.summary
+        ci = "–" if s.ci_low is None else f"{_shown(s.ci_low)} – {_shown(s.ci_high)}"
+        lines.append(f"| {m.name} {'↑' if m.greater_is_better else '↓'} | {_shown(s.mean)} | {ci} | "
+                     f"{s.n_scored:,} | {s.n_error:,} |")
+    return "\n".join(lines)
 
 
 def assert_run_is_fresh(client: MlflowClient, run_id: str) -> None:
@@ -256,6 +298,8 @@ def log_evaluation(
     pipeline_traces: list[str | None] | None = None,
     slice_by: Sequence[str] = (),
     progress: bool | None = None,
+    run_metrics: str = "means",
+    skip_metrics: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
     """Log the rows as traces with assessments, then the run's contents; return the metrics.
 
@@ -273,8 +317,11 @@ def log_evaluation(
             so a field no row has is refused with the run left empty.
         progress: a bar on stderr while the traces are written (None: the environment, else
             whether stderr is a terminal; :mod:`mlflow_rag_eval._util.progress`).
+        run_metrics: which statistics are MLflow metrics (see :func:`log_run_level`).
+        skip_metrics: keys another writer logs (see :func:`log_run_contents`).
     """
     client = client or MlflowClient()
+    check_run_metrics(run_metrics)
     if slice_by:  # an unusable field is refused before a trace is logged, not after
         slice_members(result.records, check_slice_by(list(slice_by)))
     run = client.get_run(run_id)
@@ -290,10 +337,18 @@ def log_evaluation(
                                    model_id=model_id, existing=pipeline_traces, progress=progress_wanted(progress))
     if model_id:
         # The evaluation run names the model it evaluated as its input, as mlflow.genai.evaluate
-        # does: the Evaluation runs page shows it, and the model's page lists the run.
-        client.log_inputs(run_id, models=[LoggedModelInput(model_id=model_id)])
+        # does: the Evaluation runs page shows it, and the model's page lists the run. Once:
+        # mlflow.evaluate links it already (with its dataset), and a second link shows as "+1".
+        if model_id not in _model_inputs(run):
+            client.log_inputs(run_id, models=[LoggedModelInput(model_id=model_id)])
         tags = {"rag_eval.model_id": model_id, **(tags or {})}
-    return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, slice_by=slice_by)
+    return log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, slice_by=slice_by,
+                            run_metrics=run_metrics, skip_metrics=skip_metrics)
+
+
+def _model_inputs(run) -> set[str]:
+    """The ids of the logged models the run names as inputs."""
+    return {m.model_id for m in (getattr(run.inputs, "model_inputs", None) or [])}
 
 
 def _calibration_tags(calibration: dict[str, str | None]) -> dict[str, str]:
@@ -320,6 +375,8 @@ def log_run_level(
     skip_metrics: frozenset[str] = frozenset(),
     table: bool = True,
     sealed: dict[str, str] | None = None,
+    slices=None,
+    run_metrics: str = "means",
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """What a run holds whatever rows it has: aggregates, params, tags (judge identity, dataset
     digest, calibration) and ``rag_eval/judge_lineage.json``; returns the metrics logged and the
@@ -330,7 +387,7 @@ def log_run_level(
     figures aggregated from score columns. Sets ``figures.calibration``.
 
     Args:
-        extra_metrics: further metrics (a sliced run's per-slice statistics).
+        extra_metrics: further metrics to log.
         extra_params: further params (``rag_eval.slice_by``).
         skip_metrics: keys another writer logs (see :func:`log_run_contents`).
         table: the run gets ``eval_results_table.json`` (the UI's evaluation view is told so
@@ -338,10 +395,19 @@ def log_run_level(
         sealed: the seal params of the artifacts the caller writes (rows and slices digests,
             :mod:`mlflow_rag_eval.tracking.seal`); the lineage's digest and the metric
             directions are sealed here, with the other params.
+        slices: the evaluation's :class:`~mlflow_rag_eval.evaluation.slices.SliceTable` (a
+            sliced run): its rows go into the statistics table, and with ``run_metrics="all"``
+            its statistics are logged as metrics too.
+        run_metrics: which statistics are logged as MLflow metrics
+            (:data:`~mlflow_rag_eval.keys.RUN_METRICS`): ``"means"`` (each metric's mean and CI
+            bounds) or ``"all"``.
     """
     client = client or MlflowClient()
+    check_run_metrics(run_metrics)
     judge = figures.judge
-    metrics = {**figures.aggregates(), **(extra_metrics or {})}
+    metrics = {**figures.run_metrics(run_metrics),
+               **(slices.as_metrics() if slices is not None and run_metrics == "all" else {}),
+               **(extra_metrics or {})}
     now = int(time.time() * 1000)
     figures.calibration = calibration_records(client, [m.key for m in figures.metrics], judge.fingerprint,
                                               judge.prompts_version)
@@ -359,17 +425,7 @@ def log_run_level(
     lineage_text = json.dumps(lineage_doc, indent=2)
     params.update({**(sealed or {}), seal.LINEAGE: seal.sha256(lineage_text), seal.DIRECTIONS: seal.directions_param(
         {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage_doc["metrics"]})})
-    tags = {
-        **evaluation_run_tags(),
-        **({MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with_table(client, run_id)} if table else {}),
-        EVALUATED_TAG: "true",
-        "rag_eval.judge": judge.name,
-        "rag_eval.judge_fingerprint": judge.fingerprint,
-        "rag_eval.dataset_digest": figures.dataset_digest,
-        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
-        **_calibration_tags(figures.calibration),
-        **(tags or {}),
-    }
+    tags = {**_run_tags(figures, client.get_run(run_id), table), **(tags or {})}
     client.log_batch(
         run_id,
         metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if k not in skip_metrics],
@@ -377,7 +433,34 @@ def log_run_level(
         tags=[RunTag(k, redact(v)) for k, v in tags.items()],
     )
     client.log_text(run_id, lineage_text, LINEAGE_FILE)
+    client.log_text(run_id, redact_json_text(statistics_json(figures, slices)), STATISTICS_FILE)
     return metrics, lineage_doc
+
+
+def _run_tags(figures: EvaluationFigures, run, table: bool) -> dict[str, str]:
+    """The evaluation's run tags: an MLflow evaluation run's, the tables it holds, its
+    description (unless it has one), the judge and dataset, the calibration."""
+    note = {} if run.data.tags.get(NOTE_TAG) else {
+        NOTE_TAG: run_note(figures, run.info.experiment_id, run.info.run_id, _dataset_name(run))}
+    return {
+        **evaluation_run_tags(),
+        MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with(run, [TABLE_FILE, STATISTICS_FILE] if table else [STATISTICS_FILE]),
+        **note,
+        EVALUATED_TAG: "true",
+        "rag_eval.judge": figures.judge.name,
+        "rag_eval.judge_fingerprint": figures.judge.fingerprint,
+        "rag_eval.dataset_digest": figures.dataset_digest,
+        "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
+        **_calibration_tags(figures.calibration),
+    }
+
+
+def _dataset_name(run) -> str | None:
+    """The name of the run's dataset input, when it has one (the golden set's, when the caller
+    named it so)."""
+    inputs = run.inputs.dataset_inputs if run.inputs is not None else []
+    names = [d.dataset.name for d in inputs if d.dataset.name]
+    return names[0] if len(names) == 1 else None
 
 
 def log_run_contents(
@@ -389,11 +472,13 @@ def log_run_contents(
     trace_ids: list[str] | None = None,
     skip_metrics: frozenset[str] = frozenset(),
     slice_by: Sequence[str] = (),
+    run_metrics: str = "means",
 ) -> dict[str, float]:
-    """Aggregates, params, tags, the per-row table, lineage, worst rows and report; returns
-    the aggregates (with the slices' when sliced). ``skip_metrics``: keys another writer logs
-    (MLflow's genai harness logs the aggregations it computed itself), left out here so no
-    metric is logged twice. ``slice_by``: see :func:`log_evaluation`."""
+    """Aggregates, params, tags, the per-row table, lineage, statistics, worst rows and report;
+    returns the run's metrics (those of ``run_metrics``, see :func:`log_run_level`).
+    ``skip_metrics``: keys another writer logs (MLflow's genai harness logs the aggregations it
+    computed itself, ``mlflow.evaluate`` the metrics an evaluator returns for a logged model),
+    left out here so no metric is logged twice. ``slice_by``: see :func:`log_evaluation`."""
     client = client or MlflowClient()
     slice_by = check_slice_by(list(slice_by) if slice_by else None)
     # Computed first: a field no row has, or too many values, is refused before anything is logged.
@@ -406,8 +491,7 @@ def log_run_contents(
     table = redact_json_text(result.table(trace_ids).to_json(orient="split", index=False, double_precision=15))
     slices_text = redact_json_text(slices.to_json()) if slices else None
     metrics, lineage_doc = log_run_level(
-        figures, run_id, client, tags=tags, skip_metrics=skip_metrics,
-        extra_metrics=slices.as_metrics() if slices else None,
+        figures, run_id, client, tags=tags, skip_metrics=skip_metrics, slices=slices, run_metrics=run_metrics,
         extra_params={SLICE_BY_PARAM: json.dumps(list(slice_by), ensure_ascii=False)} if slices else None,
         sealed={seal.ROWS: seal.sha256(table),
                 seal.SLICES: seal.sha256(slices_text) if slices_text is not None else seal.NOT_SLICED},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from conftest import ROOT
+from conftest import ROOT, figures_of
 
 from mlflow_rag_eval.keys import metric_key
 from mlflow_rag_eval.testing import FakeJudgeServer
@@ -22,10 +22,11 @@ def test_full_suite_example_runs_ours_ragas_and_deepeval_on_one_judge(tracking_u
     with FakeJudgeServer() as server:
         result = module.main(["--rows", "2", "--tracking-uri", tracking_uri,
                               "--judge", f"openai:/fake-judge?base_url={server.base_url}"])
+    figures = figures_of(result)  # the counts: the run's rows table
     for name in module.OURS + module.THEIRS:
         key = metric_key(name)
-        assert result.metrics[f"{key}/n_scored"] + result.metrics[f"{key}/n_error"] == 2, key
+        assert figures[f"{key}/n_scored"] + figures[f"{key}/n_error"] == 2, key
     for key in ("faithfulness", "context_recall", "ndcg_at_10"):
-        assert result.metrics[f"{key}/n_scored"] == 2
+        assert figures[f"{key}/n_scored"] == 2
     out = capsys.readouterr().out
     assert "external:ragas" in out and "external:deepeval" in out

@@ -45,7 +45,10 @@ SCRIPT = textwrap.dedent(
     })
     with mlflow.start_run():
         result = mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag")
-    assert result.metrics["faithfulness/n_scored"] == 1
+    from mlflow_rag_eval.compare import load_evaluation
+
+    assert "faithfulness/mean" in result.metrics
+    assert load_evaluation(result.run_id).figures()["faithfulness/n_scored"] == 1
     print("OK")
     """
 )

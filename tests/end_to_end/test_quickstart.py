@@ -62,9 +62,14 @@ def test_quickstart_shows_the_generator_regression_per_slice_and_the_gate_refuse
     assert worse["hit_at_5/mean"] == base["hit_at_5/mean"]
     assert worse["faithfulness/mean"] < base["faithfulness/mean"] - 0.1
     assert worse["abstention/mean"] == 0.0 < base["abstention/mean"]
+    from mlflow_rag_eval.evaluation.slices import load_slices
+
+    (base_run, _), (worse_run, _) = demo.runs.values()
+    client = mlflow.MlflowClient(demo.uri)
+    base_slices, worse_slices = (load_slices(r, client)["fields"]["question_type"]["slices"] for r in (base_run, worse_run))
     for kind in ("single", "multi", "unanswerable"):
-        key = f"faithfulness/slice/question_type/{kind}/mean"
-        assert worse[key] < base[key], key
+        mean = lambda s: s[kind]["metrics"]["faithfulness"]["mean"]  # noqa: E731
+        assert mean(worse_slices) < mean(base_slices), kind
     assert "per question_type" in demo.out and "per difficulty" in demo.out
 
     first, second = demo.decisions

@@ -260,8 +260,9 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sliced_runs(store):
     """Two sliced runs on the same golden rows, ranking the relevant passage first on
-    different rows (so their slice means differ)."""
-    return _evaluate(_frame(first_every=2)), _evaluate(_frame(first_every=3))
+    different rows (so their slice means differ); every statistic of each slice is a run metric
+    (``run_metrics="all"``), so that the tests below compare them all."""
+    return _evaluate(_frame(first_every=2), run_metrics="all"), _evaluate(_frame(first_every=3), run_metrics="all")
 
 
 def test_evaluator_config_slice_by_logs_each_slice_as_its_rows_alone(store, sliced_runs):
@@ -468,7 +469,8 @@ def test_genai_scorers_slice_by_the_rows_tags(store, monkeypatch):
              "expectations": {"relevant_ids": r.relevant_ids} if isinstance(r.relevant_ids, list) else {},
              **({"tags": {"difficulty": r.difficulty}} if isinstance(r.difficulty, str) else {})}
             for r in frame.itertuples()]
-    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS, None, slice_by=["difficulty"]))
+    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(METRICS, None, slice_by=["difficulty"],
+                                                                  run_metrics="all"))
     data = mlflow.MlflowClient().get_run(result.run_id).data
     assert json.loads(data.params["rag_eval.slice_by"]) == ["difficulty"]
     doc = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/{SLICES_FILE}"))

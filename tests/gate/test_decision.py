@@ -5,6 +5,7 @@ what each decision records."""
 from __future__ import annotations
 
 import pytest
+from conftest import figures_of
 from gate_support import (
     POLICY,
     SLICED_POLICY,
@@ -131,7 +132,7 @@ def test_a_candidate_whose_judge_failed_on_many_rows_is_refused_by_default(regis
     data = _predictions()
     data.loc[:6, "answer"] = data.loc[:6, "answer"] + " (flaky)"  # 7 of 15 rows: 46.7% fail
     candidate, run = _candidate("flaky", data, judge)
-    metrics = registry.get_run(run).data.metrics
+    metrics = figures_of(run)  # the counts of its rows table
     assert (metrics["faithfulness/n_error"], metrics["faithfulness/n_scored"]) == (7, 8)
 
     decision = gate("flaky", candidate, policy)

@@ -7,6 +7,7 @@ import json
 import mlflow
 import pandas as pd
 import pytest
+from conftest import figures_of
 from mlflow.models.evaluation.base import resolve_evaluators_and_configs
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records
@@ -78,9 +79,10 @@ def test_logged_pyfunc_pipeline_end_to_end(tracking_uri, golden):
         assert 0.0 <= logged.metrics[key] <= 1.0
         assert logged.metrics[key] == pytest.approx(result.metrics[key])
     # Unanswerable rows have no relevant ids: skipped by retrieval metrics, not scored as 0.
-    assert logged.metrics["hit_at_5/n_scored"] == 10
-    assert logged.metrics["faithfulness/n_scored"] == 13
-    assert logged.metrics["faithfulness/n_error"] == 0
+    figures = figures_of(run_id)  # the counts are the rows table's
+    assert figures["hit_at_5/n_scored"] == 10
+    assert figures["faithfulness/n_scored"] == 13
+    assert figures["faithfulness/n_error"] == 0
 
     assert logged.params["rag_eval.judge"] == "local:minilm-l6"
     fingerprint = logged.params["rag_eval.judge_fingerprint"]
@@ -115,10 +117,12 @@ def test_static_predictions_log_what_the_engine_computes(tracking_uri, local_jud
         result = mlflow.models.evaluate(
             data=df, model_type="rag", evaluators="rag", evaluator_config={"judge": local_judge}
         )
-    expected = evaluate_records(records_from_frame(df), judge=local_judge).aggregates()
+    computed = evaluate_records(records_from_frame(df), judge=local_judge)
+    expected = computed.run_metrics()  # the means and CI bounds
     logged = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
     assert logged == pytest.approx(expected)
     assert result.metrics == pytest.approx(expected)
+    assert figures_of(run.info.run_id) == pytest.approx(computed.aggregates())  # the rest: the rows table's
     # Hand-checkable rows: the second sentence of answer 1 has no support, answer 2 abstains.
     assert logged["faithfulness/mean"] == pytest.approx((1 / 2 + 1.0) / 2)
     table = result.tables["eval_results_table"]
@@ -197,8 +201,8 @@ def test_a_failed_row_is_a_named_error_never_a_score(tracking_uri):
             data=df, model_type="rag", evaluators="rag",
             evaluator_config={"judge": _FlakyJudge(), "metrics": ["faithfulness"]},
         )
-    assert result.metrics["faithfulness/n_error"] == 1
-    assert result.metrics["faithfulness/n_scored"] == 1
+    assert figures_of(result)["faithfulness/n_error"] == 1
+    assert figures_of(result)["faithfulness/n_scored"] == 1
     assert result.metrics["faithfulness/mean"] == pytest.approx(0.5)  # the failed row is not in it
     table = _artifact_json(run.info.run_id, "eval_results_table.json")
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]

@@ -10,6 +10,7 @@ import mlflow
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import figures_of
 from mlflow import MlflowClient
 from mlflow.entities import AssessmentSource, AssessmentSourceType, Document, SpanType
 from pipeline import BM25, generate_answer, load_corpus, load_golden
@@ -88,7 +89,7 @@ def test_a_sample_is_scored_in_place_once_and_since_last_scores_only_the_new(app
     run = client.get_run(first.run_id)
     assert run.data.tags["mlflow.runType"] == "genai_evaluate"  # on the Evaluation runs page
     assert run.data.params["rag_eval.traces.n_scored"] == "8"
-    assert run.data.metrics["faithfulness/n_scored"] == 8
+    assert figures_of(first.run_id)["faithfulness/n_scored"] == 8
     sample = json.loads(mlflow.artifacts.load_text(f"runs:/{first.run_id}/rag_eval/traces.json"))
     assert sorted(sample["trace_ids"]) == sorted(first.scored)
     linked = client.search_traces(locations=[_experiment_id()], run_id=first.run_id, max_results=100)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlflow
 import pandas as pd
 import pytest
+from conftest import figures_of
 
 from mlflow_rag_eval.routes.extra_metrics import rag_metrics
 from mlflow_rag_eval.routes.scorers import rag_scorers
@@ -181,13 +182,14 @@ def test_scorers_check_the_rows_they_are_given_up_front_naming_the_row(tracking_
     assert [s.name for s in rag_scorers(["mrr"], local_judge, data=questions)] == ["mrr"]
     scorers = rag_scorers(["faithfulness"], local_judge, data=rows)
     result = mlflow.genai.evaluate(data=rows, scorers=scorers)
-    assert mlflow.MlflowClient().get_run(result.run_id).data.metrics["faithfulness/n_scored"] == 4
+    assert figures_of(result.run_id)["faithfulness/n_scored"] == 4
 
 
 def test_every_route_logs_the_same_worst10_mean_in_each_metrics_direction(tracking_uri):
     """No judge: mrr (higher is better) and pollution@3 (lower is better) from ids. Each
     route logs ``<key>/worst10_mean``, the mean of the worst ceil(n / 10) rows: for pollution
-    the highest (the rows at 2/3 and 1/3), not the 0 of the clean rows."""
+    the highest (the rows at 2/3 and 1/3), not the 0 of the clean rows (``run_metrics="all"``:
+    by default the run logs the means, and the rest is in its statistics table)."""
     parents = [["a", "b", "c"], ["a", "a", "a"], ["a", "a", "b"]] + [["a", "b", "c"]] * 9
     contexts = [[{"id": f"c{r}-{i}", "text": f"chunk {i}", "parent_id": p} for i, p in enumerate(ps)]
                 for r, ps in enumerate(parents)]
@@ -197,13 +199,14 @@ def test_every_route_logs_the_same_worst10_mean_in_each_metrics_direction(tracki
     metrics = ["mrr", "pollution@3"]
     with mlflow.start_run():
         plugin = mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", predictions="answer",
-                                        evaluator_config={"metrics": metrics, "log_traces": False}).metrics
+                                        evaluator_config={"metrics": metrics, "log_traces": False,
+                                                          "run_metrics": "all"}).metrics
     with mlflow.start_run():
         extra = mlflow.models.evaluate(data=data, model_type=None, predictions="answer",
-                                       extra_metrics=rag_metrics(metrics, None)).metrics
+                                       extra_metrics=rag_metrics(metrics, None, run_metrics="all")).metrics
     rows = [{"inputs": {"question": r.question}, "outputs": {"answer": r.answer, "contexts": r.contexts},
              "expectations": {"relevant_ids": r.relevant_ids}} for r in data.itertuples()]
-    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(metrics, None))
+    result = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(metrics, None, run_metrics="all"))
     scored = mlflow.MlflowClient().get_run(result.run_id).data.metrics
 
     assert plugin["pollution_at_3/worst10_mean"] == pytest.approx((2 / 3 + 1 / 3) / 2)  # 12 rows: the worst 2

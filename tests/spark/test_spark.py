@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 import mlflow  # noqa: E402
+from conftest import figures_of  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
@@ -134,11 +135,13 @@ def assert_rows_equal(out: pd.DataFrame, single) -> None:
         assert cells(out[f"{m.key}/skip_reason"]) == skipped, m.name
 
 
-def assert_aggregates_equal(spark_metrics: dict[str, float], single) -> None:
-    expected = single.aggregates()
-    assert set(spark_metrics) == set(expected)
-    for key, value in expected.items():
-        assert spark_metrics[key] == pytest.approx(value, rel=0, abs=1e-12), key
+def assert_aggregates_equal(done, single) -> None:
+    """The run's metrics (the means and CI bounds) and every statistic of its figures equal the
+    single-process route's."""
+    for got, expected in ((done.metrics, single.run_metrics()), (done.figures.aggregates(), single.aggregates())):
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value, rel=0, abs=1e-12), key
 
 
 def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tracking_uri, tmp_path):
@@ -153,9 +156,9 @@ def test_retrieval_rows_and_aggregates_equal_single_process(spark, rows_2000, tr
     assert len(out) == len(frame)  # one output row per input row
     assert out["question"].tolist() == frame["question"].tolist()  # the global index is the files' order
     assert_rows_equal(out, single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert all(f"{m.key}/ci_low" in done.metrics for m in single.metrics)  # the CIs were compared, not skipped
-    assert all(f"{m.key}/worst10_mean" in done.metrics for m in single.metrics)  # and the worst deciles
+    assert all(f"{m.key}/worst10_mean" in done.figures.aggregates() for m in single.metrics)  # and the worst deciles
     assert done.figures.dataset_digest == single.dataset_digest == dataset_digest(records_from_frame(frame))
     for a, b in zip(done.figures.metrics, single.metrics):
         assert a.skip_reasons() == b.skip_reasons() and a.failures() == b.failures()
@@ -170,7 +173,7 @@ def test_another_seed_gives_the_single_process_ci_of_that_seed(spark, rows_2000,
     with mlflow.start_run():
         done = evaluate_spark(spark.read.parquet(str(path / "part-00001.parquet")), ["mrr"], seed=7,
                               output=str(tmp_path / "scored"), max_table_rows=0)
-    assert_aggregates_equal(done.metrics, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
+    assert_aggregates_equal(done, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
     seed_0 = evaluate_records(records, ["mrr"], available_fields=FIELDS).aggregates()
     assert done.metrics["mrr/ci_low"] != seed_0["mrr/ci_low"]  # the seed was used, not the default
     # a DataFrame has no path to name: its dataset input is MLflow's code source, with the digest
@@ -191,7 +194,7 @@ def test_scripted_judge_rows_and_aggregates_equal_single_process(spark, rows_200
         done = evaluate_spark(path, SCRIPTED, judge="scripted", output=str(tmp_path / "scored"), max_table_rows=0)
     out = scored_rows(done.output)
     assert_rows_equal(out, single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert done.figures.judge == single.judge
     assert done.figures.judge_usage["provider_calls"] + done.figures.judge_usage["cache_hits"] > 0
 
@@ -208,7 +211,7 @@ def test_local_judge_default_suite_equal_single_process(spark, rows_2000, tracki
     assert done.figures.left_out == single.left_out  # the default suite drops the same metrics
     assert single.left_out and "answer_relevancy" in [m.name for m in single.metrics]
     assert_rows_equal(scored_rows(done.output), single)
-    assert_aggregates_equal(done.metrics, single)
+    assert_aggregates_equal(done, single)
     assert done.figures.judge_usage["embedding_batches"] > 0  # summed over the workers
 
 
@@ -305,9 +308,11 @@ def test_run_holds_what_a_single_process_run_holds(spark, rows_2000, tracking_ur
     (logged,) = MlflowClient().get_run(spark_run.info.run_id).inputs.dataset_inputs  # the file, by reference
     assert (logged.dataset.name, json.loads(logged.dataset.source)) == ("small", {"uri": str(path)})
     assert logged.dataset.digest == single_params["rag_eval.dataset_digest"]
-    # the Spark run says where its rows are; without the table it does not announce one
-    expected_tags = single_tags | {ROWS_PATH_TAG}
-    assert spark_tags == (expected_tags if rows_logged else expected_tags - {"mlflow.loggedArtifacts"})
+    # the Spark run says where its rows are; without the table it announces the statistics table only
+    assert spark_tags == single_tags | {ROWS_PATH_TAG}
+    announced = json.loads(MlflowClient().get_run(spark_run.info.run_id).data.tags["mlflow.loggedArtifacts"])
+    assert [a["path"] for a in announced] == (["eval_results_table.json"] if rows_logged else []) + [
+        "rag_eval/statistics.json"]
     spark_files, single_files = _artifacts(spark_run.info.run_id), _artifacts(single_run.info.run_id)
     parquet = {f for f in spark_files if f.startswith(ROWS_ARTIFACT_DIR + "/")}
     assert parquet and all(f.endswith(".parquet") for f in parquet)
@@ -390,10 +395,10 @@ def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, r
     records = attach_columns(records_from_frame(frame), frame, slice_by)
     single = evaluate_records(records, RETRIEVAL, available_fields=FIELDS)
     with mlflow.start_run() as single_run:
-        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=slice_by)
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=slice_by, run_metrics="all")
     with mlflow.start_run() as spark_run:
         evaluate_spark(path, RETRIEVAL, output=str(tmp_path / "scored"), slice_by=slice_by,
-                       max_table_rows=10_000 if rows_logged else 0, log_traces=False)
+                       max_table_rows=10_000 if rows_logged else 0, log_traces=False, run_metrics="all")
     single_metrics, single_params, _ = _run_contents(single_run.info.run_id)
     spark_metrics, spark_params, _ = _run_contents(spark_run.info.run_id)
     assert any("/slice/topics/" in k for k in single_metrics)  # the slices are in the comparison
@@ -403,6 +408,9 @@ def test_slices_equal_single_process(spark, rows_2000, tracking_uri, tmp_path, r
     assert spark_params == single_params
     slices = [json.loads(_text(r.info.run_id, SLICES_FILE)) for r in (single_run, spark_run)]
     assert slices[0] == slices[1]
+    from mlflow_rag_eval.evaluation.statistics import STATISTICS_FILE
+
+    assert _text(single_run.info.run_id, STATISTICS_FILE) == _text(spark_run.info.run_id, STATISTICS_FILE)
     assert slices[1]["fields"]["topics"]["n_missing"] == len(range(0, 2000, 5))
 
 
@@ -419,10 +427,10 @@ def test_a_lower_is_better_worst10_mean_equals_single_process_on_the_run_and_its
     records = attach_columns(records_from_frame(frame), frame, ["difficulty"])
     single = evaluate_records(records, metrics, available_fields=FIELDS)
     with mlflow.start_run() as single_run:
-        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=["difficulty"])
+        log_evaluation(single, single_run.info.run_id, log_traces=False, slice_by=["difficulty"], run_metrics="all")
     with mlflow.start_run() as spark_run:
         evaluate_spark(path, metrics, output=str(tmp_path / "scored"), slice_by=["difficulty"], max_table_rows=0,
-                       log_traces=False)
+                       log_traces=False, run_metrics="all")
     single_metrics, spark_metrics = (_run_contents(r.info.run_id)[0] for r in (single_run, spark_run))
     worst = {k: v for k, v in single_metrics.items() if k.endswith("/worst10_mean")}
     assert {"pollution_at_5/worst10_mean", "pollution_at_5/slice/difficulty/hard/worst10_mean"} <= set(worst)
@@ -559,7 +567,7 @@ def test_max_error_rate_fails_after_logging(spark, tracking_uri, judge_server, t
     judge = f"openai:/errors-{tmp_path.name}?base_url={server.base_url}"
     with mlflow.start_run() as run, pytest.raises(ErrorRateExceeded, match="faithfulness 10.0%"):
         evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "scored"), max_error_rate=0.05)
-    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
+    metrics = figures_of(run.info.run_id)
     assert metrics["faithfulness/n_error"] == 1 and metrics["faithfulness/n_scored"] == 9  # logged first
     with mlflow.start_run():
         done = evaluate_spark(data, ["faithfulness"], judge, output=str(tmp_path / "again"), max_error_rate=0.1)
@@ -573,7 +581,8 @@ def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, r
 
     frame = _with_slice_fields(rows_2000[0].iloc[:300].reset_index(drop=True))
     folder = write_parts(frame, tmp_path / "rows", [100, 200])  # a folder of Parquet files, as Spark writes
-    args = ["evaluate", "--data", str(folder), "--metrics", "hit@5,mrr", "--slice-by", "difficulty", "--no-traces"]
+    args = ["evaluate", "--data", str(folder), "--metrics", "hit@5,mrr", "--slice-by", "difficulty", "--no-traces",
+            "--run-metrics", "all"]
     runner = CliRunner()
     single = runner.invoke(main, [*args, "--run-name", "one-process"])
     on_spark = runner.invoke(main, [*args, "--run-name", "on-spark", "--spark", "local[2]",
@@ -624,4 +633,4 @@ def test_cli_on_a_local_master_starts_its_workers_with_its_own_interpreter(rows_
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(proc.stdout.strip().splitlines()[-1])
-    assert run.data.metrics["mrr/n_scored"] > 0
+    assert 0 < run.data.metrics["mrr/mean"] <= 1

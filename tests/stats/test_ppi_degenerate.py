@@ -10,6 +10,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import figures_of
 from scipy.stats import norm
 
 from mlflow_rag_eval.stats.ppi import MIN_LABELS, ppi_difference, ppi_mean
@@ -194,13 +195,12 @@ def test_ppi_from_run_logs_no_interval_and_overwrites_an_earlier_one(tracking_ur
     from mlflow_rag_eval.gate.checks import metric_checks
 
     run_id, questions = _evaluated_run(local_judge)
-    client = mlflow.MlflowClient()
     interval_keys = {"faithfulness/ppi_ci_low", "faithfulness/ppi_ci_high", "faithfulness/ppi_se"}
     floor = load_policy({"floors": {"faithfulness/ppi_ci_low": 0.1}, "min_scored_rows": 1,
                          "calibration": {"required": False}})
 
     def floor_check():
-        metrics = client.get_run(run_id).data.metrics
+        metrics = figures_of(run_id)  # the run's metrics, with the counts of its rows table
         (check,) = [c for c in metric_checks(metrics, floor) if c.kind.startswith("floor")]
         return metrics, check
 

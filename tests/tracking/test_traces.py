@@ -9,7 +9,7 @@ import math
 import mlflow
 import pandas as pd
 import pytest
-from conftest import refusing_judge
+from conftest import figures_of, refusing_judge
 from mlflow import MlflowClient
 from mlflow.entities import AssessmentSourceType, Expectation, Feedback, SpanType
 
@@ -73,7 +73,7 @@ def test_each_row_is_a_trace_whose_feedback_is_the_table(tracking_uri):
     run_id = run.info.run_id
     logged = MlflowClient().get_run(run_id)
     assert logged.data.tags["mlflow.runType"] == "genai_evaluate"  # an MLflow 3 evaluation run
-    assert result.metrics["faithfulness/n_error"] == 1
+    assert figures_of(result)["faithfulness/n_error"] == 1
 
     table = _table(run_id)
     traces = {t.info.trace_id: t for t in _run_traces(run_id)}
@@ -275,7 +275,7 @@ def test_log_traces_false_logs_the_rest(tracking_uri, local_judge):
                                evaluator_config={"judge": local_judge, "metrics": ["hit@5"], "log_traces": False})
     assert _run_traces(run.info.run_id) == []
     data = MlflowClient().get_run(run.info.run_id).data
-    assert data.metrics["hit_at_5/n_scored"] == 3 and data.tags["mlflow.runType"] == "genai_evaluate"
+    assert figures_of(run.info.run_id)["hit_at_5/n_scored"] == 3 and data.tags["mlflow.runType"] == "genai_evaluate"
     assert _table(run.info.run_id).trace_id.isna().all()
     with mlflow.start_run(), pytest.raises(ValueError, match="log_traces"):
         mlflow.models.evaluate(data=frame(), model_type="rag", evaluators="rag",
@@ -317,8 +317,10 @@ def test_genai_route_runs_hold_what_the_evaluator_runs_hold(tracking_uri, monkey
     assert {k: v for k, v in a.params.items() if k not in digests} == {
         k: v for k, v in b.params.items() if k not in digests}
     assert digests <= set(a.params) and digests <= set(b.params)
-    assert a.metrics == pytest.approx(b.metrics, abs=1e-12)  # n_error included
-    assert b.metrics["faithfulness/n_error"] == 1
+    assert a.metrics == pytest.approx(b.metrics, abs=1e-12)  # the means and CI bounds
+    figures = figures_of(genai.info.run_id)
+    assert figures == pytest.approx(figures_of(plugin.info.run_id), abs=1e-12)  # n_error included
+    assert figures["faithfulness/n_error"] == 1
     table = _table(genai.info.run_id)
     traces = {t.info.trace_id: t for t in _run_traces(genai.info.run_id)}
     assert set(table.trace_id) == set(traces)

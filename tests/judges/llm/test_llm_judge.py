@@ -10,6 +10,7 @@ import time
 import mlflow
 import pandas as pd
 import pytest
+from conftest import figures_of
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.judges import ClaimsItem, JudgeFailure, RelevanceItem, VerifyItem, get_judge
@@ -316,8 +317,8 @@ def test_failed_rows_are_named_errors_and_the_evaluation_completes(tracking_uri)
     with mlflow.start_run():
         result = mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag",
                                         evaluator_config={"judge": judge, "metrics": ["faithfulness"]})
-    assert result.metrics["faithfulness/n_error"] == 1
-    assert result.metrics["faithfulness/n_scored"] == 2
+    assert figures_of(result)["faithfulness/n_error"] == 1
+    assert figures_of(result)["faithfulness/n_scored"] == 2
     assert result.metrics["faithfulness/mean"] == 1.0
     table = result.tables["eval_results_table"]
     assert table["faithfulness/error"][1].startswith("ParseError:")

@@ -11,6 +11,7 @@ import mlflow
 import pandas as pd
 import pytest
 from botocore.config import Config
+from conftest import figures_of
 from echoing_server import EchoingServer, secret_forms
 
 from mlflow_rag_eval.judges import get_judge
@@ -94,7 +95,7 @@ def test_no_spelling_of_any_secret_reaches_any_sink(provider, tracking_uri, tmp_
         cache.close()
     # Every kind of answer came back (verdicts, 500s, 401s, replies that are no verdict)...
     assert len(server.requests) >= len(ROWS)
-    assert 0 < result.metrics["faithfulness/n_error"] < len(ROWS)
+    assert 0 < figures_of(result)["faithfulness/n_error"] < len(ROWS)
     sent = [v for r in server.requests for k, v in r.items() if k in ("authorization", "api-key", "x-custom-auth",
                                                                       "x-amz-security-token")]
     assert sent, "the request carried no credential: nothing was tested"
