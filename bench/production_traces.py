@@ -19,6 +19,14 @@ exactly one valid Feedback per metric and that no run spent more than its cap.
 
     python bench/production_traces.py --cron --quick
     python bench/production_traces.py --cron --n 10000
+
+Logging 10,000 traces to sqlite takes half an hour on 2 cores: ``--store DIR`` keeps the store in
+DIR (a new temp folder otherwise), and a store already holding the N traces, unscored, is used
+as it is; ``--log-only`` logs them and stops. So the traces can be logged once and the cron
+scenario run on them later:
+
+    python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k --log-only
+    python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k
 """
 
 from __future__ import annotations
@@ -96,6 +104,9 @@ def main(argv=None) -> None:
     parser.add_argument("--max-cost", type=float, default=None,
                         help="--cron: USD cap of each run (default $0.0005 a trace: above the estimate of the whole "
                              "backlog, so no run is refused, below what the long replies cost)")
+    parser.add_argument("--store", default=None, help="--cron: the folder of the sqlite store (kept; reused when it "
+                                                      "holds the N traces, unscored)")
+    parser.add_argument("--log-only", action="store_true", help="--cron: log the N traces into --store and stop")
     args = parser.parse_args(argv)
     if args.quick:
         args.n = 300
@@ -223,24 +234,47 @@ def _check_exactly_once(uri: str, experiment_id: str, metrics_keys: list[str]) -
             return survivors, once, twice
 
 
+def _stored_traces(uri: str, experiment_id: str) -> int:
+    from mlflow import MlflowClient
+
+    client, n, token = MlflowClient(uri), 0, None
+    while True:
+        page = client.search_traces(locations=[experiment_id], max_results=500, page_token=token, include_spans=False)
+        n += len(page)
+        token = page.token
+        if not token:
+            return n
+
+
 def cron(args) -> None:
     import multiprocessing as mp
     import threading
 
     import mlflow
+    from mlflow import MlflowClient
 
     from mlflow_rag_eval.keys import metric_key
 
     os.environ["OPENAI_API_KEY"] = os.environ.get("OPENAI_API_KEY") or "sk-bench"
-    home = Path(tempfile.mkdtemp(prefix="rag_eval_cron_bench_"))
+    home = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="rag_eval_cron_bench_"))
+    home.mkdir(parents=True, exist_ok=True)
     os.chdir(home)
     uri = f"sqlite:///{home / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     experiment_id = mlflow.set_experiment("production").experiment_id
-    seconds = log_traces(args.n)
+    logged = _stored_traces(uri, experiment_id)
+    if logged == 0:
+        seconds = log_traces(args.n)
+        print(f"logged {args.n} traces in {seconds:.1f} s ({args.n / seconds:.1f} traces/s) into {home}")
+    elif logged == args.n and not MlflowClient(uri).search_runs([experiment_id]):
+        print(f"the store in {home} holds the {args.n} traces, unscored: logging skipped")
+    else:
+        raise SystemExit(f"the store in {home} holds {logged} traces or runs already: give an empty --store")
+    if args.log_only:
+        return
     args.max_cost = args.n * 0.0005 if args.max_cost is None else args.max_cost
     per_second = max(1, args.n // 100)
-    print(f"logged {args.n} traces in {seconds:.1f} s; two concurrent cron runs per round, cap ${args.max_cost:g} "
+    print(f"{args.n} traces; two concurrent cron runs per round, cap ${args.max_cost:g} "
           f"each, a retention job deleting the {per_second} oldest traces a second ({args.n // 5} at most)")
     metrics = args.metrics.split(",")
     ctx = mp.get_context("spawn")
