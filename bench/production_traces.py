@@ -21,9 +21,10 @@ exactly one valid Feedback per metric and that no run spent more than its cap.
     python bench/production_traces.py --cron --n 10000
 
 Logging 10,000 traces to sqlite takes half an hour on 2 cores: ``--store DIR`` keeps the store in
-DIR (a new temp folder otherwise), and a store already holding the N traces, unscored, is used
-as it is; ``--log-only`` logs them and stops. So the traces can be logged once and the cron
-scenario run on them later:
+DIR (a new temp folder otherwise), a store already holding the N traces, unscored, is used as it
+is, and one whose logging was stopped part-way is logged on from there; ``--log-only`` logs them
+and stops. So the traces can be logged once (in several sittings) and the cron scenario run on
+them later:
 
     python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k --log-only
     python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k
@@ -80,7 +81,8 @@ class RssSampler:
         return ", ".join(f"{t:.0f}s {r:.0f}" for t, r in self.samples[::step]) + " (MiB)"
 
 
-def log_traces(n: int) -> float:
+def log_traces(n: int, first: int = 0) -> float:
+    """Seconds to log requests ``first`` .. ``n - 1`` of the traced app."""
     import mlflow
     from pipeline import load_golden, traced_app
 
@@ -88,7 +90,7 @@ def log_traces(n: int) -> float:
     questions = list(load_golden()["question"])
 
     start = time.perf_counter()
-    for i in range(n):
+    for i in range(first, n):
         answer(f"{questions[i % len(questions)]} (request {i})")
     mlflow.flush_trace_async_logging()
     return time.perf_counter() - start
@@ -105,7 +107,7 @@ def main(argv=None) -> None:
                         help="--cron: USD cap of each run (default $0.0005 a trace: above the estimate of the whole "
                              "backlog, so no run is refused, below what the long replies cost)")
     parser.add_argument("--store", default=None, help="--cron: the folder of the sqlite store (kept; reused when it "
-                                                      "holds the N traces, unscored)")
+                                                      "holds the N traces or fewer, unscored)")
     parser.add_argument("--log-only", action="store_true", help="--cron: log the N traces into --store and stop")
     args = parser.parse_args(argv)
     if args.quick:
@@ -263,13 +265,14 @@ def cron(args) -> None:
     mlflow.set_tracking_uri(uri)
     experiment_id = mlflow.set_experiment("production").experiment_id
     logged = _stored_traces(uri, experiment_id)
-    if logged == 0:
-        seconds = log_traces(args.n)
-        print(f"logged {args.n} traces in {seconds:.1f} s ({args.n / seconds:.1f} traces/s) into {home}")
-    elif logged == args.n and not MlflowClient(uri).search_runs([experiment_id]):
-        print(f"the store in {home} holds the {args.n} traces, unscored: logging skipped")
-    else:
+    if logged > args.n or MlflowClient(uri).search_runs([experiment_id]):
         raise SystemExit(f"the store in {home} holds {logged} traces or runs already: give an empty --store")
+    if logged < args.n:  # a store whose logging was stopped goes on where it stopped
+        seconds = log_traces(args.n, first=logged)
+        print(f"logged {args.n - logged} traces in {seconds:.1f} s ({(args.n - logged) / seconds:.1f} traces/s) "
+              f"into {home}" + (f" (after the {logged} logged before)" if logged else ""))
+    else:
+        print(f"the store in {home} holds the {args.n} traces, unscored: logging skipped")
     if args.log_only:
         return
     args.max_cost = args.n * 0.0005 if args.max_cost is None else args.max_cost
