@@ -13,12 +13,22 @@ table (a few hundred bytes of text per trace), not with the traces.
 rounds of two concurrent ``evaluate_traces(since_last=True)`` processes on the same store
 (one waits for the other's lease), a retention job deleting the oldest traces every second
 while they page, and a priced fake judge on loopback whose replies carry long reasons (each
-reply dearer than its estimate) under ``--max-cost`` per run, until a round scores nothing.
-It prints each run's calls, spend and stop reason, and checks that every surviving trace has
+reply dearer than its estimate, within the judge's ``max_tokens``) under ``--max-cost`` per run
+(held call by call), until a round scores nothing. It prints each run's calls, cache hits,
+tokens, estimated and actual spend and stop reason, and checks that every surviving trace has
 exactly one valid Feedback per metric and that no run spent more than its cap.
 
     python bench/production_traces.py --cron --quick
     python bench/production_traces.py --cron --n 10000
+
+Logging 10,000 traces to sqlite takes half an hour on 2 cores: ``--store DIR`` keeps the store in
+DIR (a new temp folder otherwise), a store already holding the N traces, unscored, is used as it
+is, and one whose logging was stopped part-way is logged on from there; ``--log-only`` logs them
+and stops. So the traces can be logged once (in several sittings) and the cron scenario run on
+them later:
+
+    python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k --log-only
+    python bench/production_traces.py --cron --n 10000 --store /tmp/traces10k
 """
 
 from __future__ import annotations
@@ -72,7 +82,8 @@ class RssSampler:
         return ", ".join(f"{t:.0f}s {r:.0f}" for t, r in self.samples[::step]) + " (MiB)"
 
 
-def log_traces(n: int) -> float:
+def log_traces(n: int, first: int = 0) -> float:
+    """Seconds to log requests ``first`` .. ``n - 1`` of the traced app."""
     import mlflow
     from pipeline import load_golden, traced_app
 
@@ -80,7 +91,7 @@ def log_traces(n: int) -> float:
     questions = list(load_golden()["question"])
 
     start = time.perf_counter()
-    for i in range(n):
+    for i in range(first, n):
         answer(f"{questions[i % len(questions)]} (request {i})")
     mlflow.flush_trace_async_logging()
     return time.perf_counter() - start
@@ -96,6 +107,9 @@ def main(argv=None) -> None:
     parser.add_argument("--max-cost", type=float, default=None,
                         help="--cron: USD cap of each run (default $0.0005 a trace: above the estimate of the whole "
                              "backlog, so no run is refused, below what the long replies cost)")
+    parser.add_argument("--store", default=None, help="--cron: the folder of the sqlite store (kept; reused when it "
+                                                      "holds the N traces or fewer, unscored)")
+    parser.add_argument("--log-only", action="store_true", help="--cron: log the N traces into --store and stop")
     args = parser.parse_args(argv)
     if args.quick:
         args.n = 300
@@ -142,15 +156,20 @@ def main(argv=None) -> None:
 
 
 LONG_REASON = "The passage states it in so many words, and nothing in the other passages contradicts it. " * 12
+#: the judge's max_tokens: the long replies fit in it, as a provider's replies do (it bills no more)
+MAX_TOKENS = 4096
 
 
 def _long_judge(model: str):
-    """A FakeJudgeServer whose replies carry long reasons and report their tokens (priced)."""
+    """A FakeJudgeServer whose replies carry long reasons and report their tokens (priced); it
+    keeps the longest reply's tokens and counts the replies longer than the request's max_tokens."""
     import json
 
     from mlflow_rag_eval.testing import FakeJudgeServer
 
     class LongReplies(FakeJudgeServer):
+        longest = past_max_tokens = 0
+
         def _completion(self, body):
             out = super()._completion(body)
             reply = json.loads(out["choices"][0]["message"]["content"])
@@ -159,7 +178,10 @@ def _long_judge(model: str):
                     item["reason"] = LONG_REASON
             text = json.dumps(reply)
             out["choices"][0]["message"]["content"] = text
-            out["usage"]["completion_tokens"] = len(text) // 4
+            out["usage"]["completion_tokens"] = tokens = len(text) // 4
+            with self.lock:
+                self.longest = max(self.longest, tokens)
+                self.past_max_tokens += tokens > body.get("max_tokens", MAX_TOKENS)
             return out
 
     return LongReplies(model=model)
@@ -173,7 +195,7 @@ def _cron_run(uri: str, judge_url: str, metrics: list[str], max_cost: float, pag
     from mlflow_rag_eval.routes import production_traces as route
 
     mlflow.set_tracking_uri(uri)
-    judge = get_judge(f"openai:/gpt-4o-mini?base_url={judge_url}", cache=False)
+    judge = get_judge(f"openai:/gpt-4o-mini?base_url={judge_url}", cache=False, max_tokens=MAX_TOKENS)
     start = time.perf_counter()
     try:
         out = route.evaluate_traces("production", metrics=metrics, judge=judge, since_last=True, max_cost=max_cost,
@@ -183,6 +205,9 @@ def _cron_run(uri: str, judge_url: str, metrics: list[str], max_cost: float, pag
         return
     queue.put({"scored": len(out.scored), "read": out.read, "seconds": time.perf_counter() - start,
                "spent": out.budget.spent, "calls": out.spending.get("calls", 0), "stopped": out.budget.stopped,
+               "refused": out.budget.ledger.calls_refused, "estimated": out.estimate.cost_usd or 0.0,
+               "cache_hits": out.spending.get("cache_hits", 0),
+               "tokens": out.spending.get("tokens_in", 0) + out.spending.get("tokens_out", 0),
                "gone": out.skipped.get("deleted before its Feedback was written", 0)})
 
 
@@ -201,7 +226,8 @@ def _retention(uri: str, experiment_id: str, stop, per_second: int, at_most: int
 
 
 def _check_exactly_once(uri: str, experiment_id: str, metrics_keys: list[str]) -> tuple[int, int, int]:
-    """(surviving traces, those with exactly one valid Feedback per metric, those with more)."""
+    """(surviving traces, those with exactly one valid Feedback per metric, those with more); a
+    valid Feedback that is an error (a call the cap refused, never scored again) is not one."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
@@ -214,7 +240,7 @@ def _check_exactly_once(uri: str, experiment_id: str, metrics_keys: list[str]) -
             counts = {k: 0 for k in metrics_keys}
             for a in t.info.assessments:
                 if a.feedback is not None and a.valid is not False and a.name in counts \
-                        and "rag_eval.metric" in (a.metadata or {}):
+                        and "rag_eval.metric" in (a.metadata or {}) and a.feedback.error is None:
                     counts[a.name] += 1
             once += all(v == 1 for v in counts.values())
             twice += any(v > 1 for v in counts.values())
@@ -223,24 +249,48 @@ def _check_exactly_once(uri: str, experiment_id: str, metrics_keys: list[str]) -
             return survivors, once, twice
 
 
+def _stored_traces(uri: str, experiment_id: str) -> int:
+    from mlflow import MlflowClient
+
+    client, n, token = MlflowClient(uri), 0, None
+    while True:
+        page = client.search_traces(locations=[experiment_id], max_results=500, page_token=token, include_spans=False)
+        n += len(page)
+        token = page.token
+        if not token:
+            return n
+
+
 def cron(args) -> None:
     import multiprocessing as mp
     import threading
 
     import mlflow
+    from mlflow import MlflowClient
 
     from mlflow_rag_eval.keys import metric_key
 
     os.environ["OPENAI_API_KEY"] = os.environ.get("OPENAI_API_KEY") or "sk-bench"
-    home = Path(tempfile.mkdtemp(prefix="rag_eval_cron_bench_"))
+    home = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="rag_eval_cron_bench_"))
+    home.mkdir(parents=True, exist_ok=True)
     os.chdir(home)
     uri = f"sqlite:///{home / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     experiment_id = mlflow.set_experiment("production").experiment_id
-    seconds = log_traces(args.n)
+    logged = _stored_traces(uri, experiment_id)
+    if logged > args.n or MlflowClient(uri).search_runs([experiment_id]):
+        raise SystemExit(f"the store in {home} holds {logged} traces or runs already: give an empty --store")
+    if logged < args.n:  # a store whose logging was stopped goes on where it stopped
+        seconds = log_traces(args.n, first=logged)
+        print(f"logged {args.n - logged} traces in {seconds:.1f} s ({(args.n - logged) / seconds:.1f} traces/s) "
+              f"into {home}" + (f" (after the {logged} logged before)" if logged else ""))
+    else:
+        print(f"the store in {home} holds the {args.n} traces, unscored: logging skipped")
+    if args.log_only:
+        return
     args.max_cost = args.n * 0.0005 if args.max_cost is None else args.max_cost
     per_second = max(1, args.n // 100)
-    print(f"logged {args.n} traces in {seconds:.1f} s; two concurrent cron runs per round, cap ${args.max_cost:g} "
+    print(f"{args.n} traces; two concurrent cron runs per round, cap ${args.max_cost:g} "
           f"each, a retention job deleting the {per_second} oldest traces a second ({args.n // 5} at most)")
     metrics = args.metrics.split(",")
     ctx = mp.get_context("spawn")
@@ -264,21 +314,24 @@ def cron(args) -> None:
                     print(f"  round {round_}: a run failed: {r['error']}")
                     continue
                 print(f"  round {round_}: {r['scored']:>5} scored of {r['read']:>5} read in {r['seconds']:5.1f} s, "
-                      f"{r['calls']} judge calls, spent ${r['spent']:.4f}, {r['gone']} deleted before the write"
-                      + (f"; stopped: {r['stopped']}" if r["stopped"] else ""))
+                      f"{r['calls']} judge calls ({r['cache_hits']} cache hits, {r['tokens']} tokens), estimated "
+                      f"${r['estimated']:.4f}, spent ${r['spent']:.4f}, {r['gone']} deleted before the write"
+                      + (f"; stopped: {r['stopped']} ({r['refused']} calls refused)" if r["stopped"] else ""),
+                      flush=True)
                 if r["spent"] > args.max_cost:
                     over_cap.append(r["spent"])
             if all("error" not in r and r["scored"] == 0 for r in results):
                 break
         stop.set()
         cleaner.join()
-        calls = judge_server.calls
+        calls, longest, past = judge_server.calls, judge_server.longest, judge_server.past_max_tokens
     elapsed = time.perf_counter() - start
     keys = [metric_key(m) for m in metrics]
     survivors, once, twice = _check_exactly_once(uri, experiment_id, keys)
     print(f"{round_} rounds in {elapsed:.0f} s, {calls} judge calls in all; {len(deleted)} traces deleted by the "
           f"retention job; {survivors} survive: {once} with exactly one Feedback per metric, {twice} with more; "
-          f"runs over their cap: {len(over_cap)}")
+          f"runs over their cap: {len(over_cap)}; the longest reply {longest} tokens (max_tokens {MAX_TOKENS}, "
+          f"{past} replies past it)")
     if twice or once != survivors or over_cap:
         raise SystemExit("FAILED: a surviving trace is not scored exactly once, or a run spent over its cap")
 

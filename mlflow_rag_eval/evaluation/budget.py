@@ -11,16 +11,22 @@ no paid provider and cost 0.
 
 It is an upper bound of what the run asks for, not of what it pays: replies already in the
 judge cache cost nothing, and retries (a transient error, a reply that did not parse) cost
-more; the judge's own running cost (:class:`~mlflow_rag_eval.judges.llm.usage.Usage`) is what
-:class:`Budget` stops on. Metrics of other libraries (``ragas:``, ``deepeval:``) render their own
-prompts: they are named as not estimated, never counted as free.
+more. Metrics of other libraries (``ragas:``, ``deepeval:``) render their own prompts: they are
+named as not estimated, never counted as free.
+
+The cap holds call by call (:class:`Budget`, whose ledger is
+:class:`~mlflow_rag_eval.judges.llm.spend.CostLedger`): while a run is scored its judges are
+metered, so each provider call reserves what it may cost before it is sent and settles with
+its usage; a call that does not fit is refused (``BudgetExhausted``: the row's error, never a
+score) and the budget is stopped, with the reason. Between batches (or traces) a share whose
+estimate does not fit is not started: its rows are left unscored.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,21 +34,20 @@ from mlflow_rag_eval._util.summary_log import say
 from mlflow_rag_eval._util.text import split_sentences
 from mlflow_rag_eval.judges import Judge
 from mlflow_rag_eval.judges.llm.judge import LLMJudge
+from mlflow_rag_eval.judges.llm.spend import (
+    IN_PROCESS_PROVIDERS,
+    BudgetExhausted,
+    CostLedger,
+    prompt_tokens,
+    reply_tokens,
+)
 from mlflow_rag_eval.judges.llm.usage import load_price_table
 from mlflow_rag_eval.judges.prompts import PROMPTS, data_block, passages_block, render
 from mlflow_rag_eval.metrics import Metric
 from mlflow_rag_eval.records import RagRecord
 
-__all__ = ["Budget", "BudgetExceeded", "Estimate", "check_max_cost", "estimate_cost", "llm_judges"]
-
-#: characters per token, OpenAI's rule of thumb for English text
-CHARS_PER_TOKEN = 4
-#: backends that run in this process: their calls cost nothing
-IN_PROCESS_PROVIDERS = frozenset({"scripted", "llamacpp"})
-#: guessed reply tokens: fixed part, and per claim / passage / question / step
-_REPLY_TOKENS = {"claims_verdicts": (10, 45), "extract_claims": (8, 15), "verify": (10, 25),
-                 "rate_relevance": (10, 25), "generate_questions": (15, 15), "is_abstention": (25, 0),
-                 "grade": (40, 30)}
+__all__ = ["Budget", "BudgetExceeded", "BudgetExhausted", "Estimate", "check_max_cost", "estimate_cost",
+           "llm_judges"]
 
 
 class BudgetExceeded(ValueError):
@@ -59,20 +64,15 @@ def check_max_cost(value: Any, where: str = "max_cost") -> float | None:
     return float(value)
 
 
-def _tokens(text: str) -> int:
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
-
-
 def _prompt_tokens(template_id: str, **blocks: str) -> int:
+    """The prompt tokens of ``template_id`` filled with ``blocks``, counted as each call counts
+    them (:func:`~mlflow_rag_eval.judges.llm.spend.prompt_tokens`)."""
     template = PROMPTS[template_id]
     # Unused placeholders of a template are filled with "" (str.format ignores extra keys).
-    text = "".join(m["content"] for m in render(template, **blocks))
-    return _tokens(text) + _tokens(json.dumps(template.schema.model_json_schema()))
+    return prompt_tokens(render(template, **blocks), template.schema.model_json_schema())
 
 
-def _reply_tokens(template_id: str, n_items: int) -> int:
-    fixed, per_item = _REPLY_TOKENS[template_id]
-    return fixed + per_item * max(n_items, 1)
+_reply_tokens = reply_tokens
 
 
 def _claims_calls(text: str, passages: Sequence[str], fuse: bool) -> list[tuple[int, int]]:
@@ -242,44 +242,33 @@ _KNOWN = frozenset({"faithfulness", "context_recall", "answer_correctness", "con
 llm_judges = _llm_judges
 
 
-def _spent(judge: Judge | None) -> float:
-    """What the judge's LLMs have cost so far (their running usage)."""
-    return sum(j.usage_.cost_usd for j in _llm_judges(judge))
-
-
-def _unknown(judge: Judge | None) -> int:
-    """Replies so far whose usage the provider did not say (or said unreadably)."""
-    return sum(j.usage_.usage_unknown for j in _llm_judges(judge))
-
-
 @dataclass
 class Budget:
     """An evaluation's cap in US dollars (None: no cap, the estimate is still printed) and what
     became of it: the estimate, what was spent, and why scoring stopped, if it did.
 
-    A route makes one, gives it to the engine (or checks it itself, page by page) and logs
-    :meth:`run_tags` on the run, so a stopped run says so."""
+    A route makes one, checks the estimate (:meth:`check`), scores within :meth:`metering`
+    (each judge call reserves and settles on the budget's ledger, the cap checked call by call)
+    and between shares of rows asks :meth:`allows`, then logs :meth:`run_tags` on the run, so a
+    stopped run says so."""
 
     max_cost: float | None = None
     estimate: Estimate | None = None
-    #: why scoring stopped before the end (None: it did not)
-    stopped: str | None = None
     #: rows (or traces) left unscored because of the cap
     rows_not_scored: int = 0
     _judge: Judge | None = field(default=None, repr=False)
-    _spent_before: float = field(default=0.0, repr=False)
-    _unknown_before: int = field(default=0, repr=False)
+    _stopped: str | None = field(default=None, repr=False)
+    ledger: CostLedger = field(init=False, repr=False)
 
     def __post_init__(self):
         self.max_cost = check_max_cost(self.max_cost)
+        self.ledger = CostLedger(self.max_cost)
 
     def check(self, estimate: Estimate, *, announce: bool = True, judge: Judge | None = None) -> None:
         """Print ``estimate`` on stderr and refuse it (:class:`BudgetExceeded`) when it is above
         the cap, or when the cap cannot be checked (a model without a price, a metric not
-        estimated)."""
+        estimated). ``judge`` is the one :meth:`metering` meters by default."""
         self.estimate, self._judge = estimate, judge
-        self._spent_before = _spent(judge)
-        self._unknown_before = _unknown(judge)
         if announce:
             say(estimate.to_text())
         if self.max_cost is None or (not estimate.calls and not estimate.not_estimated):
@@ -295,24 +284,40 @@ class Budget:
                                  f"${self.max_cost:g}; nothing was judged: raise max_cost, sample fewer rows "
                                  "or name fewer metrics")
 
+    @contextlib.contextmanager
+    def metering(self, judge: Judge | None = None) -> Iterator[None]:
+        """Within it, every provider call of ``judge``'s LLMs (a panel's members; by default the
+        judge given to :meth:`check`) reserves what it may cost on this budget's ledger before
+        it is sent, is refused once that would pass the cap, and settles with its usage."""
+        with contextlib.ExitStack() as stack:
+            for llm in _llm_judges(judge if judge is not None else self._judge):
+                stack.enter_context(llm.metered(self.ledger))
+            yield
+
+    @property
+    def stopped(self) -> str | None:
+        """Why scoring stopped before the end (None: it did not): a call the cap refused, or a
+        share of rows whose estimate no longer fitted."""
+        return self._stopped or self.ledger.stopped
+
     @property
     def spent(self) -> float:
-        """US dollars the judge spent since :meth:`check`: what its replies' usage says, and
-        each reply that said no usage charged at the estimate of a call (never at 0)."""
-        unknown = _unknown(self._judge) - self._unknown_before
-        per_call = (self.estimate.cost_usd or 0.0) / self.estimate.calls if self.estimate and self.estimate.calls else 0.0
-        return _spent(self._judge) - self._spent_before + unknown * per_call
+        """US dollars the metered judge calls cost: what their replies' usage says, and each
+        reply that said no usage charged at its call's estimate (never at 0)."""
+        return self.ledger.spent
 
     def allows(self, next_cost: float, rows_left: int) -> bool:
-        """Whether the next share of work (estimated at ``next_cost``) may start; once not, the
-        budget is stopped, with the reason and the ``rows_left`` it leaves unscored."""
+        """Whether the next share of work (estimated at ``next_cost``, scaled by how much dearer
+        than estimated the calls so far were) may start; once not, the budget is stopped, with
+        the reason and the ``rows_left`` it leaves unscored."""
         if self.stopped is not None:
             self.rows_not_scored = max(self.rows_not_scored, rows_left)
             return False
-        if self.max_cost is None or (self.spent + next_cost <= self.max_cost and self.spent < self.max_cost):
+        if self.ledger.fits(next_cost):
             return True
-        self.stopped = (f"max_cost=${self.max_cost:g} reached: ${self.spent:.4f} spent, the next rows were "
-                        f"estimated at ${next_cost:.4f}")
+        self._stopped = (f"max_cost=${self.max_cost:g} reached: ${self.spent:.4f} spent, the next rows were "
+                         f"estimated at ${next_cost * self.ledger.dearer():.4f}")
+        self.ledger.stop(self._stopped)
         self.rows_not_scored = rows_left
         return False
 
@@ -321,7 +326,8 @@ class Budget:
         return f"not scored: {self.stopped}"
 
     def run_tags(self) -> dict[str, str]:
-        """Tags of the run: the cap, what was spent and, when it stopped, why and how many rows were left."""
+        """Tags of the run: the cap, what was spent and, when it stopped, why, how many rows
+        were left and how many judge calls the cap refused."""
         tags: dict[str, str] = {}
         if self.max_cost is not None:
             tags["rag_eval.budget.max_cost_usd"] = f"{self.max_cost:g}"
@@ -329,6 +335,9 @@ class Budget:
         if self.stopped:
             tags["rag_eval.budget.stopped"] = self.stopped
             tags["rag_eval.budget.rows_not_scored"] = str(self.rows_not_scored)
+            tags["rag_eval.budget.calls_refused"] = str(self.ledger.calls_refused)
+        if self.ledger.charged_at_estimate:
+            tags["rag_eval.budget.calls_charged_at_estimate"] = str(self.ledger.charged_at_estimate)
         if self.estimate is not None:
             tags.update(self.estimate.as_params())
         return tags

@@ -12,6 +12,7 @@ Order of work, so that bad input never costs a judge call:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
@@ -68,8 +69,10 @@ def evaluate_records(
         seed: the bootstrap seed of the metrics' CIs.
         budget: the run's cost cap (:mod:`mlflow_rag_eval.evaluation.budget`): the estimate
             is printed, a run estimated above ``budget.max_cost`` is refused before any judge
-            call (:class:`BudgetExceeded`), and one that reaches it stops between batches, its
-            rows left unscored as not applicable, with the reason (``budget.stopped``).
+            call (:class:`BudgetExceeded`), each judge call reserves what it may cost and is
+            refused once that would pass the cap (``BudgetExhausted``: the row's error), and
+            the batches after that are left unscored as not applicable, with the reason
+            (``budget.stopped``).
     """
     records = list(records)
     mapping = mapping or ColumnMapping()
@@ -109,11 +112,14 @@ def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool 
     The engine's batches and failure handling without the checks and the summary around them:
     a runner that validates the data itself (Spark, per partition, before any of it is
     scored) scores each share of the rows with this, so a row gets the same result on every
-    route. With a ``budget`` checked already (:meth:`Budget.check`) and a cap, the batches are
+    route. With a ``budget`` checked already (:meth:`Budget.check`) the judge is metered by it
+    (each judge call reserves what it may cost, and one that would pass the cap is refused:
+    ``BudgetExhausted``, that row's error); with a cap, the batches are
     :data:`BUDGET_BATCH_SIZE` rows and each starts only while the budget allows its estimate.
     """
     runner = _Runner(suite, len(records), progress, budget)
-    return runner.score(list(records)), runner.timings
+    with budget.metering(suite.judge) if budget is not None else contextlib.nullcontext():
+        return runner.score(list(records)), runner.timings
 
 
 class _Runner:

@@ -42,9 +42,12 @@ Sampling is by a hash of the trace id, so a rerun draws the same sample.
 
 Before any judge call the estimate of calls, tokens and cost is printed, and ``max_cost``
 refuses a run estimated above it; under a cap with a paid judge the spend is checked before
-each trace's judge calls (its estimate reserved, scaled by how much dearer the replies so far
-were than estimated; a reply without usage is charged at the estimate), and the run stops
-with the reason (:mod:`mlflow_rag_eval.evaluation.budget`); what was scored is kept and logged.
+each trace (its estimate, scaled by how much dearer the replies so far were than estimated)
+and before each judge call (what the call may cost at most reserved, settled with its usage; a
+reply without usage is charged at its estimate; a call that does not fit is refused:
+``BudgetExhausted``, that metric's error on the trace, scored again by the next run), and the
+run stops with the reason (:mod:`mlflow_rag_eval.evaluation.budget`,
+:mod:`mlflow_rag_eval.judges.llm.spend`); what was scored is kept and logged.
 The run records and the summary prints the judge's calls, cache hits, tokens, estimated and
 actual spend.
 """
@@ -335,7 +338,10 @@ class TracesEvaluation:
                          + (f" ({s['usage_unknown']} replies without usage, charged at the estimate)"
                             if s.get("usage_unknown") else ""))
         if self.budget.stopped:
-            lines.append(f"  stopped: {self.budget.stopped}")
+            refused = self.budget.ledger.calls_refused
+            lines.append(f"  stopped: {self.budget.stopped}"
+                         + (f" ({refused} judge calls refused by the cap: their metric is an error on the trace, "
+                            "scored again next run)" if refused else ""))
         return "\n".join(lines)
 
 

@@ -2,8 +2,8 @@
 :mod:`~mlflow_rag_eval.routes.production_traces`): candidates scored a share at a time, each by
 the metrics it lacks, every verdict a Feedback on its trace (a failed one overridden by the new
 one), the lease checked before each write, a trace deleted meanwhile skipped; under a cap with
-a paid judge, the spend checked before each trace's calls; and what the judge cache answers,
-found before the estimate."""
+a paid judge, the spend checked before each trace and before each judge call; and what the
+judge cache answers, found before the estimate."""
 
 from __future__ import annotations
 
@@ -32,9 +32,12 @@ class TraceScorer:
     """Scores the candidates a share at a time, each trace by the metrics it lacks, and puts
     every verdict on its trace at once (what was scored stays scored if the run stops).
 
-    Under a cap with a paid judge a share is one trace: before its judge calls, the spend so
-    far plus its estimate (scaled up by how much dearer than estimated the replies have been)
-    must fit under the cap (:meth:`Budget.allows`), and the lease is checked before its write."""
+    The judge is metered by the budget while it scores (:meth:`Budget.metering`): each judge
+    call reserves what it may cost before it is sent and is refused (``BudgetExhausted``, the
+    metric's error on that trace) once that would pass the cap. Under a cap with a paid judge a
+    share is one trace: before its judge calls, the spend so far plus its estimate (scaled up by
+    how much dearer than estimated the replies have been) must fit under the cap
+    (:meth:`Budget.allows`), and the lease is checked before its write."""
 
     def __init__(self, suite: Suite, budget: Budget, client, run_id: str, progress: bool, lease: ExperimentLease):
         self.suite, self.budget, self.client, self.run_id, self.progress = suite, budget, client, run_id, progress
@@ -44,24 +47,16 @@ class TraceScorer:
         self.gone: list[str] = []
         self.failed: list[str] = []
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
-        self._estimated_settled = 0.0
-
-    def _dearer(self) -> float:
-        """How much dearer than estimated the replies settled so far were (at least 1)."""
-        spent = self.budget.spent
-        return max(1.0, spent / self._estimated_settled) if self._estimated_settled > 0 else 1.0
 
     def score(self, candidates: Sequence, row_costs: Sequence[float], share: int) -> list:
         """Score every share the budget allows; returns the candidates left unscored."""
-        per_call = self.budget.max_cost is not None and any(row_costs)
-        step = 1 if per_call else share
-        for start in range(0, len(candidates), step):
-            chunk = candidates[start : start + step]
-            cost = sum(row_costs[start : start + step])
-            if not self.budget.allows(cost * self._dearer(), len(candidates) - start):
-                return list(candidates[start:])
-            self._score_share(chunk)
-            self._estimated_settled += cost
+        per_trace = self.budget.max_cost is not None and any(row_costs)
+        step = 1 if per_trace else share
+        with self.budget.metering(self.suite.judge):
+            for start in range(0, len(candidates), step):
+                if not self.budget.allows(sum(row_costs[start : start + step]), len(candidates) - start):
+                    return list(candidates[start:])
+                self._score_share(candidates[start : start + step])
         return []
 
     def _score_share(self, chunk: Sequence) -> None:

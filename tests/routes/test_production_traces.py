@@ -255,9 +255,16 @@ def test_the_engine_stops_at_max_cost_and_leaves_the_rest_unscored(monkeypatch):
         budget = Budget(0.05)
         result = evaluate_records(records, ["faithfulness"], _llm(server), budget=budget)
     rows = result.metrics[0].rows
-    assert [r.status for r in rows] == ["scored"] * 16 + ["skipped"] * 24  # one batch, then the cap
-    assert rows[-1].justification.startswith("not applicable: not scored: max_cost=$0.05 reached")
+    # The run's first call goes alone and reports 200k prompt tokens: every later call of the
+    # batch is reserved at that rate, which the cap no longer allows (refused: the row's error,
+    # no request sent); the next batches are not started. The cap holds: $0.03 of $0.05.
+    assert server.calls == 1 and budget.spent == pytest.approx(0.030006) and budget.ledger.calls_refused == 15
+    assert sorted(r.status for r in rows[:16]) == ["error"] * 15 + ["scored"]
+    assert {r.error.split(":")[0] for r in rows[:16] if r.status == "error"} == {"BudgetExhausted"}
+    assert [r.status for r in rows[16:]] == ["skipped"] * 24
+    assert rows[-1].justification.startswith("not applicable: not scored: max_cost=$0.05 reached: $0.0300 spent")
     assert budget.rows_not_scored == 24 and budget.run_tags()["rag_eval.budget.rows_not_scored"] == "24"
+    assert budget.run_tags()["rag_eval.budget.calls_refused"] == "15"
 
 
 def test_the_estimate_counts_the_templates_calls_and_prices(monkeypatch):
@@ -503,9 +510,12 @@ def test_replies_without_usage_are_charged_at_the_estimate_and_the_cap_holds(app
         suite = prepare_suite(["faithfulness"], probe, {"answer", "contexts"})
         estimate = estimate_cost(suite.metrics, records, probe)
         per_call = estimate.cost_usd / estimate.calls
-        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=1.2 * estimate.cost_usd)
+        # The cap leaves room for one more call at max_tokens: what a call is held at before it is sent.
+        cap = estimate.cost_usd + 1024 * 0.6e-6 + per_call
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=cap)
     assert out.spending["usage_unknown"] == out.spending["calls"] == server.calls == 10
-    assert out.budget.spent == pytest.approx(server.calls * per_call) == pytest.approx(estimate.cost_usd)  # never $0
+    # Each reply charged at its call's estimate, counted as the estimate before the run counts it: never $0.
+    assert out.budget.spent == pytest.approx(sum(estimate.row_costs)) == pytest.approx(estimate.cost_usd, abs=1e-6)
     assert len(out.scored) == 10 and out.budget.stopped is None
     assert MlflowClient().get_run(out.run_id).data.tags["rag_eval.budget.spent_usd"] == f"{out.budget.spent:.6f}"
     err = capsys.readouterr().err
@@ -534,3 +544,64 @@ def test_a_second_judge_on_the_same_traces_gets_names_of_its_own(app, local_judg
     third = evaluate_traces("tests", metrics=metrics, judge=scripted, lag=0)
     assert third.scored == []  # the second judge's Feedback counts as done under its own name
     assert all(len(_our_feedback(client, t)) == 4 for t in ids)
+
+
+class _LongReplies(FakeJudgeServer):
+    """The fake judge writing a long reason for every claim and passage, within the request's
+    ``max_tokens`` as a provider does, and keeping its bill: each reply's usage as it reported it."""
+
+    REASON = "The passage states it in so many words, and nothing in the other passages contradicts it. " * 4
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.bill: list[tuple[int, int, int]] = []  # (prompt tokens, completion tokens, max_tokens asked)
+
+    def _completion(self, body):
+        out = super()._completion(body)
+        reply = json.loads(out["choices"][0]["message"]["content"])
+        for item in reply.get("claims", []) + reply.get("verdicts", []):
+            item["reason"] = self.REASON
+        out["choices"][0]["message"]["content"] = text = json.dumps(reply)
+        out["usage"]["completion_tokens"] = len(text) // 4
+        with self.lock:
+            self.bill.append((out["usage"]["prompt_tokens"], out["usage"]["completion_tokens"], body["max_tokens"]))
+        return out
+
+    def billed_usd(self) -> float:
+        """What the replies cost at gpt-4o-mini's list price, as the server counted them."""
+        return sum(tokens_in * 0.15 + tokens_out * 0.60 for tokens_in, tokens_out, _ in self.bill) / 1e6
+
+
+def test_a_few_traces_with_long_replies_stop_at_the_cap_call_by_call(app, monkeypatch):
+    # Two traces, both metrics: one trace's two calls together cost more than the cap, though the
+    # estimate of both traces is within it. Checking the cap before each trace lets the first
+    # trace's calls run past it; checking it before each call stops at the cap.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    app.serve(QUESTIONS[:2])
+    with _LongReplies(model="gpt-4o-mini") as server:
+        probe = _llm(server)
+        records = [record_from_trace(t) for t in MlflowClient().search_traces(locations=[_experiment_id()])]
+        estimate = estimate_cost(prepare_suite(METRICS, probe, {"answer", "contexts"}).metrics, records, probe)
+        cap = round(estimate.cost_usd, 6)  # the most the estimate allows
+        out = evaluate_traces("tests", metrics=METRICS, judge=_llm(server), max_cost=cap, lag=0)
+    assert server.bill and all(tokens_out <= max_tokens for _, tokens_out, max_tokens in server.bill)
+    assert server.billed_usd() > len(server.bill) * estimate.cost_usd / estimate.calls  # dearer than estimated
+    assert server.billed_usd() <= cap  # what the provider would bill: the cap holds
+    assert out.budget.spent == pytest.approx(server.billed_usd())
+    tags = MlflowClient().get_run(out.run_id).data.tags
+    assert tags["rag_eval.budget.stopped"].startswith(f"max_cost=${cap:g} reached")
+    assert float(tags["rag_eval.budget.spent_usd"]) <= cap
+    assert out.spending["calls"] == server.calls == len(server.bill) < 2 * len(records)
+    assert tags["rag_eval.budget.calls_refused"] == str(out.budget.ledger.calls_refused) != "0"
+    # The trace under way when the cap was reached: its refused metric is an error (never a
+    # score), tagged to be scored again; the next trace is not started.
+    client = MlflowClient()
+    first, second = sorted(client.search_traces(locations=[_experiment_id()]), key=lambda t: t.info.request_time)
+    assert out.scored == [first.info.trace_id] and out.skipped == {"not scored: the budget was reached": 1}
+    feedback = _our_feedback(client, first.info.trace_id)
+    refused = [f for f in feedback.values() if f.error is not None]
+    assert len(feedback) == 2 and [f.error.error_code for f in refused] == ["BudgetExhausted"] * len(refused)
+    assert [f.value for f in feedback.values() if f.error is None] and all(f.value is None for f in refused)
+    assert len(refused) == len(METRICS) - server.calls
+    assert client.get_trace(first.info.trace_id).info.tags.get("mlflow_rag_eval.retry") == "true"
+    assert _our_feedback(client, second.info.trace_id) == {}

@@ -14,6 +14,8 @@ Everything that makes a judge trustworthy lives once, for every provider, in thr
 - :mod:`.pool` fans rows out over a thread pool bounded per judge (``concurrency``), and
   contains them: anything that goes wrong with one reply is that row's named
   :class:`JudgeFailure`, never the batch's.
+- :mod:`.spend` holds an evaluation's cap call by call: each provider call reserves what it
+  may cost before it is sent (:meth:`LLMJudge.metered`) and settles with its usage.
 - This module: :class:`LLMJudge`, its primitives as prompts (:mod:`.prompts`), and the
   cache keys.
 
@@ -57,6 +59,7 @@ from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, extract_json, i
 from mlflow_rag_eval.judges.llm._pool import RowPool
 from mlflow_rag_eval.judges.llm._settings import LLMSettings
 from mlflow_rag_eval.judges.llm.chat import ChatBackend, ChatRequest
+from mlflow_rag_eval.judges.llm.spend import CostLedger
 from mlflow_rag_eval.judges.llm.transport import PROMPT, Transport, preferred_format
 from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table
 from mlflow_rag_eval.judges.local_model.embedding import model_files_sha256, resolve_model_path
@@ -221,6 +224,17 @@ class LLMJudge(Judge):
 
     def close(self) -> None:
         self._rows.close()
+
+    @contextlib.contextmanager
+    def metered(self, ledger: CostLedger) -> Iterator[None]:
+        """Within it, every provider call of this judge first reserves what it may cost on
+        ``ledger`` (an evaluation's cap) and is refused (``BudgetExhausted``, a row's named
+        failure) when that does not fit; the reply's usage settles it (:mod:`.spend`)."""
+        before, self._transport.ledger = self._transport.ledger, ledger
+        try:
+            yield
+        finally:
+            self._transport.ledger = before
 
     @contextlib.contextmanager
     def cache_probe(self) -> Iterator[None]:

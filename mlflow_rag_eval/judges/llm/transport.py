@@ -17,6 +17,9 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
   for the process per (provider, base_url, model), logged, and counted in the usage.
 - **Accounting.** Every attempt is counted: provider calls, retries, latency, tokens, cost
   where the price table knows the model, the model ids and system fingerprints reported.
+- **The cap.** With a :class:`~.spend.CostLedger` (an evaluation's budget, :meth:`LLMJudge.metered`)
+  every attempt at a priced model reserves what it may cost before it is sent, or is refused
+  (:class:`~.spend.BudgetExhausted`, no request made), and settles with the reply's usage.
 - **What answered.** Every reply used for a verdict is counted by the way it was asked for and
   the model its server reported (:meth:`Transport.note_reply`); the judge's fingerprint covers
   both, and a server that starts reporting another model within a run is logged.
@@ -43,6 +46,7 @@ from mlflow_rag_eval.judges.llm.chat import (
     TransientError,
     redacted,
 )
+from mlflow_rag_eval.judges.llm.spend import IN_PROCESS_PROVIDERS, CallCost, CostLedger, Hold, request_tokens
 from mlflow_rag_eval.judges.llm.usage import Usage, load_price_table, token_count
 
 if TYPE_CHECKING:
@@ -188,6 +192,8 @@ class Transport:
         self._reported_lock = threading.Lock()
         #: a cache probe (:meth:`LLMJudge.cache_probe`): a reply not in the cache is not asked for
         self.cache_only = False
+        #: the evaluation's spend ledger while one is metering this judge (:meth:`LLMJudge.metered`)
+        self.ledger: CostLedger | None = None
 
     @property
     def response_format(self) -> str:
@@ -254,12 +260,19 @@ class Transport:
             if self._limiter is not None:
                 self._limiter.acquire(deadline)
                 remaining = deadline - time.monotonic()
+            ledger = self.ledger
+            hold = None
+            if ledger is not None:  # BudgetExhausted: not sent; it may wait for calls in flight to settle
+                hold = self._reserve(ledger, request, deadline)
+                remaining = deadline - time.monotonic()
             started = time.monotonic()
             budget = min(s.timeout, remaining)
+            charge = "release"  # what the hold becomes if the attempt gets no reply
             try:
                 self.usage.add(provider_calls=1, response_formats=mode_of(request))
                 reply = self.backend.complete(replace(request, timeout=budget))
             except TransientError as exc:
+                charge = "estimate" if exc.kind == "Timeout" else "release"  # a timed-out call may be billed
                 self._note_transient(exc, budget)
                 attempt += 1
                 self._back_off(exc, attempt, deadline)
@@ -268,13 +281,23 @@ class Transport:
                 self._note_answer()  # the server answered: it is reachable
                 raise
             except Exception as exc:  # a provider bug fails the row, not the run
+                charge = "estimate"  # something came back that could not be read: it may be billed
                 raise JudgeFailure(type(exc).__name__, str(exc)[:MESSAGE_CHARS]) from None
+            else:
+                charge = "estimate"  # a reply came: charged at the estimate unless its usage settles it
+                self._note_answer()
+                reply = redacted(reply)
+                tokens_in, tokens_out, prices = self._account(reply)
+                if hold is not None:
+                    ledger.settle(hold, tokens_in, tokens_out, prices)
+                charge = "settled"
+                return reply
             finally:
                 self.usage.add(latency_s=time.monotonic() - started)
-            self._note_answer()
-            reply = redacted(reply)
-            self._account(reply)
-            return reply
+                if hold is not None and charge == "estimate":
+                    ledger.charge_estimate(hold)
+                elif hold is not None and charge == "release":
+                    ledger.release(hold)
 
     def _back_off(self, exc: TransientError, attempt: int, deadline: float) -> None:
         """Sleep before retry ``attempt``, or raise JudgeFailure when retries are spent or the
@@ -360,22 +383,41 @@ class Transport:
             return True
 
     # -- accounting -----------------------------------------------------------------------------
-    def _account(self, reply: ChatReply) -> None:
-        """Add a reply's tokens and cost to the usage. Never raises: unreadable usage counts
-        as unknown tokens (``usage_unknown``), not as the row's failure."""
+    def _price(self, model: str | None) -> tuple[float, float] | None:
+        """USD per (prompt, reply) token of ``model`` (else the model asked), None without a price."""
+        models = self._prices.get("models", {})
+        price = models.get(model or self.backend.model) or models.get(self.backend.model)
+        return (float(price["input"]) / 1e6, float(price["output"]) / 1e6) if price else None
+
+    def _reserve(self, ledger: CostLedger, request: ChatRequest, deadline: float) -> Hold | None:
+        """Reserve what ``request`` may cost on ``ledger``: BudgetExhausted when it does not fit;
+        None for a call that costs nothing (an in-process backend, a model without a price)."""
+        price = None if self.backend.provider in IN_PROCESS_PROVIDERS else self._price(None)
+        if price is None:
+            return None
+        tokens_in, tokens_out = request_tokens(request.messages, request.template_id, request.variables,
+                                               request.schema)
+        max_out = token_count(request.params.get("max_tokens")) or self.settings.max_tokens
+        return ledger.reserve(CallCost(tokens_in, tokens_out, max_out, *price), deadline)
+
+    def _account(self, reply: ChatReply) -> tuple[int | None, int | None, tuple[float, float] | None]:
+        """Add a reply's tokens and cost to the usage; returns its (prompt, reply) tokens (None
+        where unknown) and the prices they cost. Never raises: unreadable usage counts as
+        unknown tokens (``usage_unknown``), not as the row's failure."""
         try:
             tin, tout = token_count(reply.tokens_in), token_count(reply.tokens_out)
             model = reply.model if isinstance(reply.model, str) and reply.model else None
             fingerprint = reply.system_fingerprint if isinstance(reply.system_fingerprint, str) else None
-            models = self._prices.get("models", {})
-            price = models.get(model or self.backend.model) or models.get(self.backend.model)
-            cost = ((tin or 0) * price["input"] + (tout or 0) * price["output"]) / 1e6 if price else 0.0
+            price = self._price(model)
+            cost = (tin or 0) * price[0] + (tout or 0) * price[1] if price else 0.0
             self.usage.add(tokens_in=tin or 0, tokens_out=tout or 0, cost_usd=float(cost), models=model,
                            system_fingerprints=fingerprint or None,
                            usage_unknown=int(tin is None or tout is None))
+            return tin, tout, price
         except Exception as exc:  # noqa: BLE001 - accounting must never cost a verdict
             _logger.warning("judge %s: reply usage not counted (%s: %s)", self.name, type(exc).__name__, exc)
             self.usage.add(usage_unknown=1)
+            return None, None, None
 
     # -- structured-output fallback -------------------------------------------------------------
     def _fall_back(self, refused: str, exc: PermanentError) -> str:
