@@ -273,10 +273,10 @@ def test_the_run_page_describes_the_run_and_links_its_report(ui, demo, chromium,
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "MLflow 3.17's table of a run's rows shows `null` in a metric's column for a row without that "
-    "assessment: abstention logs no Feedback on answerable rows (as the trace shows), yet the column "
-    "reads null there. Issue 37's trace-assessment part (another branch) owns it: drop this mark "
-    "when it passes."))
+    "MLflow's own placeholder: the run's table of rows draws a grey, italic `null` (tooltip 'No "
+    "assessment for this evaluation') in a metric's column for a row that has no Feedback of that "
+    "name; abstention logs none on answerable rows (the trace shows none) and logging a value would "
+    "say the metric applies. Strict, so a change in MLflow's table or in what we log is noticed."))
 def test_answerable_rows_show_no_null_abstention_in_the_run_table(ui, demo, chromium, tmp_path):
     """The run's table of rows: a metric that does not apply to a row (abstention on an
     answerable one) shows no ``null`` there either."""
