@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import figures_of
 from scipy.stats import kendalltau, spearmanr
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
 
@@ -290,7 +291,8 @@ def test_ppi_from_the_labels_on_a_run_is_logged_and_gated(tracking_uri, local_ju
     for limit, passes in ((floor, True), (expected.ci_low + 0.01, False)):
         policy = load_policy({"floors": {"faithfulness/ppi_ci_low": limit}, "min_scored_rows": 1,
                               "calibration": {"required": False}})
-        (check,) = [c for c in metric_checks(metrics, policy) if c.kind.startswith("floor")]
+        # the gate's figures: the run's metrics with the counts recomputed from its rows (a run logs means)
+        (check,) = [c for c in metric_checks(figures_of(run_id), policy) if c.kind.startswith("floor")]
         assert check.passed is passes and check.value == pytest.approx(expected.ci_low)
     assert metrics["faithfulness/ppi_confidence"] == 0.95  # the gate reads each run's standard error back
     refused = CliRunner().invoke(main, ["ppi", "--run", run_id, "--label-name", "nobody", "--tracking-uri", tracking_uri])
