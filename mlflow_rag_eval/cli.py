@@ -25,6 +25,8 @@ from pathlib import Path
 
 import click
 
+from mlflow_rag_eval.keys import RUN_METRICS
+
 __all__ = ["main"]
 
 #: exit codes
@@ -710,7 +712,7 @@ def _decode_json_cells(frame, mapping, path: str):
 @click.option("--judge", default="local:minilm-l6", show_default=True, help="Judge name.")
 @click.option("--slice-by", "slice_by", multiple=True,
               help="A metadata key or column to report every metric per value of. Repeatable.")
-@click.option("--run-metrics", type=click.Choice(["means", "all"]), default="means", show_default=True,
+@click.option("--run-metrics", type=click.Choice(RUN_METRICS), default="means", show_default=True,
               help="The run's MLflow metrics: each metric's mean and CI bounds (the counts, quantiles and slices "
                    "are in its statistics table and report), or every statistic of the run and of each slice, "
                    "for charting them.")
