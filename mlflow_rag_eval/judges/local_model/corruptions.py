@@ -30,7 +30,7 @@ from mlflow_rag_eval._util.text import split_sentences
 
 __all__ = [
     "SupportExample", "clause_deletion", "date_change", "entity_swap", "negation", "number_change",
-    "other_passage", "role_swap", "synthetic_examples", "answer_corruptions", "CORRUPTIONS", "word_relation_examples",
+    "other_passage", "role_swap", "synthetic_examples", "answer_corruptions", "CORRUPTIONS",
 ]
 
 _AUX = re.compile(
@@ -193,74 +193,4 @@ def answer_corruptions(answers: Iterable[tuple[str, str]], *, seed: int = 0) -> 
             changed = corrupt(claim, rng, names) if kind == "entity_swap" else corrupt(claim, rng)
             if changed and changed != claim:
                 out.append(SupportExample(changed, context, 0, kind))
-    return out
-
-
-#: Words whose swap makes a claim stronger than its sentence (not entailed): quantity and
-#: frequency words for a universal, hedges for a certainty.
-_STRONGER = {"some": "all", "most": "all", "many": "all", "several": "all", "few": "many", "often": "always",
-             "sometimes": "always", "usually": "always", "may": "will", "might": "will", "could": "will",
-             "can": "will", "possibly": "certainly", "probably": "certainly", "likely": "certain"}
-_TOKEN = re.compile(r"[A-Za-z]+")
-
-
-def _swap_word(sentence: str, start: int, end: int, new: str) -> str:
-    old = sentence[start:end]
-    if old[:1].isupper():
-        new = new[:1].upper() + new[1:]
-    return sentence[:start] + new + sentence[end:]
-
-
-def word_relation_examples(sentences: Iterable[str], relations: dict[str, dict[str, list[str]]], *,
-                           seed: int = 0, min_words: int = 5) -> list[SupportExample]:
-    """One-word edits of ``sentences``, each against its own sentence as the passage, so that a
-    judge learns what a changed word does to meaning and not merely that a word changed:
-
-    - entailed (1): the sentence itself, a clause deleted, one word replaced by a synonym or a
-      hypernym from ``relations`` (word -> relation -> words: ``synonym``, ``hypernym``,
-      ``antonym``, ``cohyponym``);
-    - not entailed (0): one word replaced by an antonym or a co-hyponym (a sibling term: another
-      weekday, colour, country), a quantity or hedge made stronger ("most" -> "all", "may" ->
-      "will"), a fact added from another sentence, and the rule-based corruptions of
-      :data:`CORRUPTIONS` (numbers, dates, names, negation, roles).
-
-    Deterministic for a seed.
-    """
-    rng = random.Random(seed)
-    sentences = [s for s in dict.fromkeys(sentences) if len(s.split()) >= min_words]
-    names = sorted({n for s in sentences for n in _names(s)})
-    out: list[SupportExample] = []
-    for index, sentence in enumerate(sentences):
-        out.append(SupportExample(sentence, sentence, 1, "sentence"))
-        shorter = clause_deletion(sentence, rng)
-        if shorter:
-            out.append(SupportExample(shorter, sentence, 1, "clause_deletion"))
-        words = [m for m in _TOKEN.finditer(sentence) if m.group(0).lower() in relations]
-        rng.shuffle(words)
-        done: set[str] = set()
-        for m in words:
-            rel = relations[m.group(0).lower()]
-            for kinds, label in ((("synonym", "hypernym"), 1), (("antonym", "cohyponym"), 0)):
-                if label in done:
-                    continue
-                options = [(k, w) for k in kinds for w in rel.get(k, ())]
-                if options:
-                    kind, new = rng.choice(options)
-                    out.append(SupportExample(_swap_word(sentence, m.start(), m.end(), new), sentence, label,
-                                              f"{kind}_swap"))
-                    done.add(label)
-        stronger = [m for m in _TOKEN.finditer(sentence) if m.group(0).lower() in _STRONGER]
-        if stronger:
-            m = rng.choice(stronger)
-            out.append(SupportExample(_swap_word(sentence, m.start(), m.end(), _STRONGER[m.group(0).lower()]),
-                                      sentence, 0, "stronger_word"))
-        other = sentences[rng.randrange(len(sentences))]
-        if other != sentence and len(sentences) > 1:
-            added = other.rstrip(".!? ")
-            out.append(SupportExample(f"{sentence.rstrip('.!? ')}, and {added[:1].lower()}{added[1:]}.", sentence, 0,
-                                      "added_fact"))
-        kind = rng.choice([k for k in CORRUPTIONS if k != "other_passage"])
-        changed = CORRUPTIONS[kind](sentence, rng, names) if kind == "entity_swap" else CORRUPTIONS[kind](sentence, rng)
-        if changed and changed != sentence:
-            out.append(SupportExample(changed, sentence, 0, kind))
     return out
