@@ -468,15 +468,18 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
               help="Total weight of a source's corrupted sentences of answers labelled 1 (negatives) against its "
                    "labelled pairs (1); 0: none.")
 @click.option("--cross-encoder", "use_cross_encoder", is_flag=True,
-              help="Also read the shipped cross-encoder's entailment of each claim (slower; not yet the default: "
-                   "see docs/concepts/local-judge.md).")
+              help="Read the cross-encoder's entailment of each claim as one more feature of the model, instead of "
+                   "as a veto over it.")
+@click.option("--veto/--no-veto", default=True, show_default=True,
+              help="With --labels: the cross-encoder vetoes the model (a claim is supported only when both agree), "
+                   "both thresholds chosen to hold on every labelled source.")
 @click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,
               help="Also fine-tune a cross-encoder on one-word edits of your corpus and your labelled pairs, "
                    "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
                    "Written beside --out as OUT.cross_encoder.safetensors.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
 def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight,
-                      use_cross_encoder, adapt_cross_encoder, out) -> None:
+                      use_cross_encoder, veto, adapt_cross_encoder, out) -> None:
     """Train the local judge's support model and write it as JSON; use it as the judge local:OUT.
 
     With --cross-encoder the support model also reads the shipped cross-encoder's entailment;
@@ -496,11 +499,13 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
         cross_encoder, cross_encoder_path = None, None
         if adapt_cross_encoder:
             cross_encoder_path = str(_adapt_cross_encoder(passages, pairs, out, seed))
-        if use_cross_encoder or adapt_cross_encoder:
+        veto = veto and bool(pairs) and not use_cross_encoder  # the veto's threshold is chosen on labelled pairs
+        if use_cross_encoder or adapt_cross_encoder or veto:
             cross_encoder = load_cross_encoder(cross_encoder_path)
         model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
                                     synthetic_weight=synthetic_weight,
-                                    answer_corruption_weight=answer_corruption_weight, cross_encoder=cross_encoder)
+                                    answer_corruption_weight=answer_corruption_weight, cross_encoder=cross_encoder,
+                                    veto=veto)
     except (ValueError, UnicodeDecodeError, FileNotFoundError) as exc:
         click.echo(f"cannot train: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
@@ -511,7 +516,9 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
     t = model.training
     click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
                f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; "
-               f"threshold {model.threshold:.3f}; judge name local:{out}")
+               f"threshold {model.threshold:.3f}"
+               + (f", entailment veto {model.entailment_veto:.3f}" if model.entailment_veto is not None else "")
+               + f"; judge name local:{out}")
 
 
 def _adapt_cross_encoder(passages, pairs, out, seed) -> Path:
@@ -534,17 +541,26 @@ def _adapt_cross_encoder(passages, pairs, out, seed) -> Path:
 
 @main.command("train-cross-encoder")
 @click.option("--pairs", "pair_files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Entailment pairs, JSONL (.gz) with claim, premise, label (0/1), source. Repeatable.")
+              help="Entailment pairs, JSONL (.gz) with claim, premise, label (0/1), source, and optionally group "
+                   "(a rewrite and its edit: one batch, ranked). Repeatable.")
+@click.option("--validation", "validation_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Rewrite/edit twins (pairs sharing a group) the threshold is chosen on; recorded in the JSON.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffles and the head's start.")
-@click.option("--epochs", type=int, default=2, show_default=True, help="Passes over the pairs.")
-@click.option("--frozen-layers", type=int, default=4, show_default=True,
+@click.option("--epochs", type=int, default=3, show_default=True, help="Passes over the pairs.")
+@click.option("--frozen-layers", type=int, default=3, show_default=True,
               help="Bottom layers of the embedding model kept as they are (their output computed once).")
+@click.option("--rank-weight", type=float, default=1.0, show_default=True,
+              help="Weight of the ranking loss (a group's entailed pair above its other) beside the classification.")
 @click.option("--max-per-source", type=int, default=None,
               help="At most N pairs of each source (the first in file order): the training time's lever.")
 @click.option("--limit", type=int, default=None, help="Train on the first N pairs only (a quick check).")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the bottom layers' states and a checkpoint every ~10 minutes are kept; the same command "
+                   "run again with the same --work-dir resumes from the last checkpoint.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="Where to write the weights (.safetensors; the .json beside it records how).")
-def train_cross_encoder_command(pair_files, seed, epochs, frozen_layers, max_per_source, limit, out) -> None:
+def train_cross_encoder_command(pair_files, validation_file, seed, epochs, frozen_layers, rank_weight, max_per_source,
+                                limit, work_dir, out) -> None:
     """Fine-tune the local judge's cross-encoder (the top layers of its embedding model and a
     head) on entailment pairs; needs torch (the [train] extra). Name it in a judge with
     local:minilm-l6?cross_encoder=OUT beside a support model trained on it.
@@ -560,10 +576,13 @@ def train_cross_encoder_command(pair_files, seed, epochs, frozen_layers, max_per
 
     try:
         pairs = per_source([p for f in pair_files for p in load_entailment_pairs(f)], max_per_source)[:limit]
+        validation = load_entailment_pairs(validation_file) if validation_file else ()
         click.echo(f"{len(pairs)} pairs, {epochs} epoch(s): about {estimate_seconds(len(pairs), epochs) / 60:.0f} min",
                    err=True)
-        selection = {"files": [Path(f).name for f in pair_files], "max_per_source": max_per_source, "limit": limit}
-        train_cross_encoder(pairs, out, seed=seed, epochs=epochs, frozen_layers=frozen_layers, selection=selection,
+        selection = {"files": [Path(f).name for f in pair_files], "max_per_source": max_per_source, "limit": limit,
+                     "validation": Path(validation_file).name if validation_file else None}
+        train_cross_encoder(pairs, out, seed=seed, epochs=epochs, frozen_layers=frozen_layers, rank_weight=rank_weight,
+                            selection=selection, validation=validation, work_dir=work_dir,
                             log=lambda line: click.echo(line, err=True))
     except (ValueError, UnicodeDecodeError) as exc:
         click.echo(f"cannot train: {_one_line(exc)}", err=True)
