@@ -65,12 +65,15 @@ docs: install-dev
 entailment-pairs: install
 	$(PY) training_data/entailment_pairs.py
 
+training_data/rewrite_edit_validation.jsonl.gz:
+	$(MAKE) entailment-pairs
+
 # The local judge's shipped cross-encoder (the top 3 layers of MiniLM fine-tuned on the committed
 # pairs, 3 epochs, a ranking loss over each rewrite and its edit; torch, from the dev extras),
 # rebuilt from what the repository holds: about 80 min on 2 cores. It checkpoints every ~10 min
 # into .cross-encoder-work/: run it again after a stop and it resumes from there.
 # (tests/judges/local_model/test_cross_encoder.py runs the recipe on a slice and checks the inputs).
-cross-encoder: install-dev
+cross-encoder: install-dev training_data/rewrite_edit_validation.jsonl.gz
 	nice $(VENV)/bin/mlflow-rag-eval train-cross-encoder --pairs training_data/entailment_pairs.jsonl.gz \
 		--validation training_data/rewrite_edit_validation.jsonl.gz --epochs 3 --frozen-layers 3 --seed 0 \
 		--work-dir .cross-encoder-work --out mlflow_rag_eval/judges/local_model/cross_encoder.safetensors

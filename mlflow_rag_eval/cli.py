@@ -470,7 +470,7 @@ def calibrate_command(labels, run_id, metric, label_name, judge, threshold, labe
 @click.option("--cross-encoder", "use_cross_encoder", is_flag=True,
               help="Read the cross-encoder's entailment of each claim as one more feature of the model, instead of "
                    "as a veto over it.")
-@click.option("--veto/--no-veto", default=True, show_default=True,
+@click.option("--veto", is_flag=True,
               help="With --labels: the cross-encoder vetoes the model (a claim is supported only when both agree), "
                    "both thresholds chosen to hold on every labelled source.")
 @click.option("--train-cross-encoder", "adapt_cross_encoder", is_flag=True,

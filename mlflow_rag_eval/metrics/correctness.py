@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.metrics.generation import failure_row, reference_not_applicable
-from mlflow_rag_eval.metrics.phrase_reference import is_phrase, is_yes_no, match_phrases, match_yes_no
+from mlflow_rag_eval.metrics.phrase_reference import (
+    is_fragment,
+    is_phrase,
+    is_yes_no,
+    match_phrases,
+    match_yes_no,
+    with_question,
+)
 from mlflow_rag_eval.results import RowResult
 
 __all__ = ["AnswerCorrectness"]
@@ -26,6 +33,11 @@ class AnswerCorrectness(Metric):
     (all three are in the row's details). An answer with no claims has precision 0 and recall 0.
     Not applicable without a reference, on rows marked unanswerable, or when the reference
     makes no claims.
+
+    A reference that is a fragment, not a statement ("Lisbon, Porto and Faro.", "Every weekday
+    except Monday.": :func:`~mlflow_rag_eval.metrics.phrase_reference.is_fragment`), is read
+    with its question: the answer's claims are checked against "When is the office open? Every
+    weekday except Monday.", and the fragment against the answer.
 
     A reference that is a phrase ("49 euros.", "Two years.", "Yes.") is the answer to the row's
     question, not a claim: the row scores 1.0 when the answer states it and 0.0 when it does not
@@ -52,8 +64,12 @@ class AnswerCorrectness(Metric):
             phrases = [i for i in rows if is_phrase(records[i].reference)]
             out = self._phrase_rows(records, judge, phrases)
             rows = [i for i in rows if i not in out]
+            # a fragment reference ("Every weekday except Monday.") answers its question: the
+            # answer's claims are checked against the two read together
+            premises = {i: with_question(records[i].question, records[i].reference)
+                        if is_fragment(records[i].reference) else records[i].reference for i in rows}
             answer_side = judge.extract_and_verify(
-                [ClaimsItem(records[i].answer, [records[i].reference]) for i in rows]
+                [ClaimsItem(records[i].answer, [premises[i]]) for i in rows]
             )
             reference_side = judge.extract_and_verify(
                 [ClaimsItem(records[i].reference, [records[i].answer]) for i in rows]
@@ -76,7 +92,8 @@ class AnswerCorrectness(Metric):
                 value = {"f1": f1, "precision": precision, "recall": recall}[self.mode]
                 out[i] = RowResult.scored(
                     value,
-                    f"{self.mode} {value:.2f}: {tp} of {len(a)} answer claims backed by the reference, "
+                    f"{self.mode} {value:.2f}: {tp} of {len(a)} answer claims backed by the reference"
+                    + (" (read with its question)" if premises[i] != records[i].reference else "") + ", "
                     f"{covered} of {len(r)} reference claims covered by the answer",
                     tp=tp, fp=fp, fn=fn, precision=precision, recall=recall, f1=f1,
                     answer_claims=[{"claim": c, **v.as_dict()} for c, v in a],

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from mlflow_rag_eval._util.text import content_tokens, split_sentences
 from mlflow_rag_eval.judges.base import Judge, JudgeFailure
 
-__all__ = ["PhraseMatch", "is_phrase", "is_yes_no", "match_phrases", "match_yes_no", "phrase_terms"]
+__all__ = ["PhraseMatch", "is_fragment", "is_phrase", "is_yes_no", "match_phrases", "match_yes_no", "phrase_terms",
+           "with_question"]
 
 #: A reference of at most this many words, in one sentence, is a phrase: "49 euros.", "Two
 #: years.", "Paris, France." — four words ("Bikes cost 5 euros.") already make a sentence with a
@@ -71,6 +72,33 @@ def is_phrase(reference: str) -> bool:
     if not (0 < len(words) <= PHRASE_MAX_WORDS and len(split_sentences(reference)) <= 1):
         return False
     return is_yes_no(reference) or (bool(phrase_terms(reference)) and not _NEGATION.search(reference))
+
+
+#: A fragment has no verb that makes it a statement: no form of "be", "have", "do", no modal.
+_FINITE = re.compile(r"\b(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|would|shall|"
+                     r"should|may|might|must|'s|'re)\b|n't\b", re.I)
+#: The longest reference read as a fragment (longer ones are claims, verbs or not).
+FRAGMENT_MAX_WORDS = 12
+
+
+def is_fragment(reference: str) -> bool:
+    """A reference longer than a phrase that is still no statement of its own: one sentence of
+    at most :data:`FRAGMENT_MAX_WORDS` words without a form of "be", "have", "do" or a modal
+    ("Lisbon, Porto and Faro.", "Every weekday except Monday."). It answers its question, and is
+    read with it (:func:`with_question`). A short sentence with a plain verb ("Bikes cost 5
+    euros.") reads as one too, which changes nothing: read with its question it says the same."""
+    words = _WORDS.findall(reference or "")
+    return (PHRASE_MAX_WORDS < len(words) <= FRAGMENT_MAX_WORDS and len(split_sentences(reference)) <= 1
+            and not _FINITE.search(reference))
+
+
+def with_question(question: str, reference: str) -> str:
+    """A fragment reference as the answer to its question, the premise an answer is checked
+    against: "When is the office open? Every weekday except Monday."."""
+    question = (question or "").strip()
+    if not question:
+        return reference
+    return f"{question if question[-1:] in '?.!' else question + '?'} {reference.strip()}"
 
 
 def is_yes_no(phrase: str) -> bool:

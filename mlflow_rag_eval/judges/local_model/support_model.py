@@ -39,7 +39,7 @@ import numpy as np
 from mlflow_rag_eval._util.text import content_tokens, numbers, split_sentences
 
 __all__ = ["ENTAILMENT_FEATURES", "FEATURES", "Premise", "SupportModel", "claim_features", "default_model_path",
-           "load_support_model", "support_features"]
+           "VETO_UNITS", "entailment_of", "load_support_model", "support_features"]
 
 FEATURES = (
     "cosine_best", "cosine_second", "cosine_pair", "coverage", "coverage_best", "bigram_coverage",
@@ -50,10 +50,12 @@ FEATURES = (
 )
 #: Features that come from the cross-encoder (a model without them never runs it).
 ENTAILMENT_FEATURES = ("entailment",)
-#: The units (sentences and adjacent pairs) a claim is cross-encoded against: its best ones by
-#: cosine. One: the cross-encoder is the judge's cost (a second unit doubled it for no gain we
-#: could measure in the time we had).
-ENTAILMENT_UNITS = 1
+#: The units (sentences and adjacent pairs) a claim is cross-encoded against: its best three by
+#: cosine, the highest P(entailed) counting. The best by cosine alone is often a near-copy that
+#: lacks the part of the premise that entails the claim (a pair of sentences where one was read).
+ENTAILMENT_UNITS = 3
+#: The units the veto reads: the same (the veto is the ``entailment`` feature against a threshold).
+VETO_UNITS = ENTAILMENT_UNITS
 
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot|den(?:y|ies|ied)|refus\w*|fail\w*)\b|n't\b", re.I
@@ -139,25 +141,37 @@ def ranked_units(vector: np.ndarray, premise: Premise, k: int = ENTAILMENT_UNITS
     return [int(i) for i in np.argsort(-sims, kind="stable")[:k]]
 
 
+def entailment_of(claims: Sequence[tuple[str, np.ndarray, Premise]], cross_encoder, k: int = ENTAILMENT_UNITS
+                  ) -> list[tuple[float, int] | None]:
+    """Per (claim, vector, premise): the cross-encoder's highest P(entailed) over the claim's
+    ``k`` best units by cosine, and that unit's index; None for a premise without units. A claim
+    that is one of the passages' sentences word for word is entailed (1.0): no model needed
+    (answers that copy a retrieved sentence are common, and the cross-encoder is the cost).
+    The cross-encoder runs once, over the distinct (claim, unit) pairs."""
+    ranked = [ranked_units(v, p, k) for _, v, p in claims]
+    copied = [_words(c) in p.sentence_words for c, _, p in claims]
+    pairs = list(dict.fromkeys((c, p.units[u][0]) for (c, _, p), units, same in zip(claims, ranked, copied)
+                               if not same for u in units))
+    probs = dict(zip(pairs, cross_encoder.entailment(pairs))) if pairs else {}
+    out: list[tuple[float, int] | None] = []
+    for (c, _, p), units, same in zip(claims, ranked, copied):
+        if not units:
+            out.append(None)
+        elif same:
+            out.append((1.0, next(i for i, (t, _) in enumerate(p.units) if _words(t) == _words(c))))
+        else:
+            out.append(max(((float(probs[(c, p.units[u][0])]), u) for u in units), key=lambda x: x[0]))
+    return out
+
+
 def support_features(claims: Sequence[tuple[str, np.ndarray, Premise]], cross_encoder=None
                      ) -> list[tuple[np.ndarray, int]]:
     """:func:`claim_features` of many (claim, vector, premise) triples, the cross-encoder run once
     over every claim's :data:`ENTAILMENT_UNITS` best units (distinct pairs only); without a
     cross-encoder the entailment features are 0 (a model that uses them must be given one)."""
-    ranked = [ranked_units(v, p) for _, v, p in claims]
     entail: list[float | None] = [None] * len(claims)
     if cross_encoder is not None:
-        # A claim that is one of the passages' sentences word for word is entailed: no model needed
-        # (answers that copy a retrieved sentence are common, and the cross-encoder is the cost).
-        copied = [_words(c) in p.sentence_words for c, _, p in claims]
-        pairs = list(dict.fromkeys((c, p.units[u][0]) for (c, _, p), units, same in zip(claims, ranked, copied)
-                                   if not same for u in units))
-        probs = dict(zip(pairs, cross_encoder.entailment(pairs))) if pairs else {}
-        for k, ((c, _, p), units) in enumerate(zip(claims, ranked)):
-            if units and copied[k]:
-                entail[k] = 1.0
-            elif units:
-                entail[k] = max(probs[(c, p.units[u][0])] for u in units)
+        entail = [None if e is None else e[0] for e in entailment_of(claims, cross_encoder)]
     return [claim_features(c, v, p, entail[k]) for k, (c, v, p) in enumerate(claims)]
 
 
@@ -254,6 +268,10 @@ class SupportModel:
     #: contexts lack is a fabricated specific (on the development data such a claim is
     #: supported in 0-9% of cases, per source), which strong regularisation alone weighs too lightly.
     penalties: dict[str, float] = field(default_factory=dict)
+    #: The cross-encoder's P(entailed) a claim needs beside its support: a claim is supported
+    #: only when both agree (the veto, :meth:`with_veto`); None: no veto. Chosen across the
+    #: training sources with the cross-encoder named in ``training["cross_encoder_sha256"]``.
+    entailment_veto: float | None = None
 
     def __post_init__(self):
         unknown = sorted((set(self.features) | set(self.penalties)) - set(FEATURES))
@@ -266,9 +284,33 @@ class SupportModel:
             raise ValueError("support model: mean, scale and coef need one value per feature")
 
     @property
-    def uses_entailment(self) -> bool:
-        """Whether the model reads the cross-encoder's features (then the judge runs it)."""
+    def features_use_entailment(self) -> bool:
+        """Whether the model's features include the cross-encoder's."""
         return any(f in ENTAILMENT_FEATURES for f in self.features)
+
+    @property
+    def uses_entailment(self) -> bool:
+        """Whether the model reads the cross-encoder (its features, or its veto): then the judge runs it."""
+        return any(f in ENTAILMENT_FEATURES for f in self.features) or self.entailment_veto is not None
+
+    def with_veto(self, support: np.ndarray, entailment: np.ndarray, threshold: float | None = None,
+                  veto: float | None = None) -> np.ndarray:
+        """Support lowered by the veto: for a claim whose support reaches the threshold,
+        ``min(support, g(entailment))``, where ``g`` maps the cross-encoder's probability
+        piecewise-linearly onto the support scale with ``g(veto) = threshold``; a claim below the
+        threshold keeps its support (the veto cannot change its decision, and the judge does not
+        run the cross-encoder for it: its entailment may be NaN). So a claim reaches the
+        threshold exactly when its support does and its entailment reaches the veto, and the
+        result still ranks the claims that pass."""
+        t = self.threshold if threshold is None else threshold
+        v = self.entailment_veto if veto is None else veto
+        support, entailment = np.asarray(support, dtype=np.float64), np.asarray(entailment, dtype=np.float64)
+        if v is None:
+            return support
+        v = min(max(v, 1e-9), 1 - 1e-9)
+        e = np.nan_to_num(entailment, nan=1.0)
+        g = np.where(e < v, e * t / v, t + (e - v) / (1 - v) * (1 - t))
+        return np.where(support >= t, np.minimum(support, g), support)
 
     @functools.cached_property
     def _columns(self) -> np.ndarray:
@@ -292,6 +334,8 @@ class SupportModel:
         data = asdict(self)
         if not data["penalties"]:  # a model without penalties reads (and hashes) as it did before they existed
             del data["penalties"]
+        if data["entailment_veto"] is None:  # likewise without a veto
+            del data["entailment_veto"]
         data["schema_version"] = 1
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 

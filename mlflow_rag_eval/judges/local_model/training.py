@@ -53,6 +53,7 @@ from mlflow_rag_eval.judges.local_model.support_model import (
     FEATURES,
     Premise,
     SupportModel,
+    entailment_of,
     support_features,
 )
 
@@ -138,6 +139,14 @@ class Featurizer:
             found = self._premises[key] = Premise.build(passages, units, n_sentences, vectors)
         return found
 
+    def entailment(self, pairs: Sequence[tuple[str, Sequence[str]]], cross_encoder) -> np.ndarray:
+        """The cross-encoder's P(entailed) of each (claim, passages), as the judge's veto reads it."""
+        if not pairs:
+            return np.zeros(0)
+        vectors = self.embedder.encode([claim for claim, _ in pairs])
+        triples = [(claim, vectors[k], self.premise(passages)) for k, (claim, passages) in enumerate(pairs)]
+        return np.array([np.nan if e is None else e[0] for e in entailment_of(triples, cross_encoder)])
+
     def __call__(self, pairs: Sequence[tuple[str, Sequence[str]]]) -> np.ndarray:
         if not pairs:
             return np.zeros((0, len(FEATURES)))
@@ -178,6 +187,48 @@ def _worst_source_threshold(scores: Sequence[np.ndarray], labels: Sequence[np.nd
         if worst > best_worst + 1e-12:
             best, best_worst = float(t), worst
     return best
+
+
+def _worst_source_threshold_and_veto(support: SupportModel, labelled: Sequence[_Source], featurize: Featurizer,
+                                     cross_encoder) -> tuple[float, float]:
+    """(support threshold, entailment threshold) that maximise the lowest balanced accuracy of
+    answer-level decisions over the labelled sources, an answer supported when every sentence's
+    support and entailment reach theirs (ties: the lowest thresholds). Support candidates: 100
+    quantiles from 0.2 below the best threshold without a veto; the cross-encoder runs only for
+    the claims at or above the lowest of them (no other claim's decision can change)."""
+    base = _worst_source_threshold([s.answer_scores(support.predict) for s in labelled], [s.labels for s in labelled])
+    low = base - 0.2
+    per = []
+    for s in labelled:
+        p = np.round(support.predict(s.X_pairs), 6)
+        claims = [(c, [pair.context]) for pair in s.pairs for c in answer_claims(pair.answer)]
+        e = np.full(len(p), np.nan)
+        need = np.flatnonzero(p >= low)
+        e[need] = featurize.entailment([claims[k] for k in need], cross_encoder)
+        per.append((p, e, s.owner, s.labels))
+    pooled_s = np.concatenate([p for p, _, _, _ in per])
+    pooled_e = np.concatenate([e for _, e, _, _ in per])
+    s_cuts = np.unique(np.quantile(pooled_s[pooled_s >= low], np.linspace(0, 1, 101)))
+    e_cuts = np.unique(np.concatenate([[0.0], np.nanquantile(pooled_e, np.linspace(0, 0.98, 50))]))
+    best, best_worst = (base, 0.0), -1.0
+    for v in e_cuts:
+        scores = []
+        for p, e, owner, y in per:
+            # a claim below every support candidate fails whatever its entailment
+            vetoed = np.zeros(len(y), dtype=bool)
+            np.logical_or.at(vetoed, owner, np.nan_to_num(e, nan=1.0) < v)
+            least_support = np.full(len(y), np.inf)
+            np.minimum.at(least_support, owner, p)
+            scores.append((least_support, ~vetoed, y))
+        for t in s_cuts:
+            worst = 1.0
+            for least_support, passes, y in scores:
+                decide = (least_support >= t) & passes
+                pos, neg = max((y == 1).sum(), 1), max((y == 0).sum(), 1)
+                worst = min(worst, ((decide & (y == 1)).sum() / pos + (~decide & (y == 0)).sum() / neg) / 2)
+            if worst > best_worst + 1e-12:
+                best, best_worst = (float(t), float(v)), worst
+    return round(best[0], 6), round(best[1], 6)
 
 
 def _best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -282,12 +333,23 @@ def _least_supported_only(sources: Sequence[_Source], predict) -> list[np.ndarra
 def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (), *, seed: int = 0,
                         per_passage: int = 4, synthetic_weight: float = 0.05, C: float = 1e-4,
                         answer_corruption_weight: float = 0.05, missing_number_factor: float = 0.25,
-                        embedder: Embedder | None = None, cross_encoder=None,
+                        embedder: Embedder | None = None, cross_encoder=None, veto: bool = False,
                         features: Sequence[str] = FEATURES) -> SupportModel:
     """Train a support model on human-labelled ``pairs`` from several sources (a pair's source:
     :func:`source_of`), synthetic examples from each source's passages and from ``corpus``,
-    and corrupted sentences of each source's faithful answers; see the module's docstring."""
-    featurize_ = Featurizer(embedder or Embedder(), cross_encoder)
+    and corrupted sentences of each source's faithful answers; see the module's docstring.
+
+    ``veto`` (needs ``cross_encoder`` and labelled pairs): the model does not read the
+    cross-encoder; the cross-encoder vetoes it instead (a claim is supported only when both
+    agree), the support threshold and the entailment threshold chosen together to maximise the
+    lowest balanced accuracy over the labelled sources."""
+    if veto and cross_encoder is None:
+        raise ValueError("the entailment veto needs a cross-encoder")
+    if veto:
+        features = [f for f in features if f not in ENTAILMENT_FEATURES]
+    # under the veto the model reads no entailment: the cross-encoder runs only for the claims
+    # whose support could pass (see _worst_source_threshold_and_veto)
+    featurize_ = Featurizer(embedder or Embedder(), None if veto else cross_encoder)
     by_source: dict[str, list[LabelledPair]] = {}
     for p in pairs:
         by_source.setdefault(source_of(p), []).append(p)
@@ -301,6 +363,7 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         raise ValueError("no training examples: the corpus has no sentence of six words or more, and no labelled pairs")
     if cross_encoder is None:  # nothing computes them
         features = [f for f in features if f not in ENTAILMENT_FEATURES]
+    features = list(features)
     columns = [FEATURES.index(f) for f in features]
     keep = [np.ones(len(s.owner), dtype=bool) for s in sources]
     for round_ in range(2 if pairs else 1):
@@ -313,14 +376,21 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         )
         keep = _least_supported_only(sources, support.predict)
     labelled = [s for s in sources if len(s.pairs)]
-    if labelled:
+    veto_value = None
+    if veto and labelled:
+        threshold, veto_value = _worst_source_threshold_and_veto(support, labelled, featurize_, cross_encoder)
+    elif labelled:
         threshold = _worst_source_threshold([s.answer_scores(support.predict) for s in labelled],
                                             [s.labels for s in labelled])
     else:
         threshold = _best_threshold(np.concatenate([support.predict(s.X_synthetic) for s in sources]),
                                     np.concatenate([s.y_synthetic for s in sources]))
     settings = {"cross_encoder_sha256": cross_encoder.sha256[:16]} if cross_encoder is not None else {}
-    return dataclasses.replace(support, threshold=round(threshold, 6), training=_lineage(
+    if veto_value is not None:
+        settings["veto_rule"] = ("support and the cross-encoder's entailment (best of its 3 closest units) both at "
+                                 "their thresholds; the pair chosen to max the lowest balanced accuracy over the "
+                                 "labelled sources")
+    return dataclasses.replace(support, threshold=round(threshold, 6), entailment_veto=veto_value, training=_lineage(
         sources, corpus, pairs, seed=seed, per_passage=per_passage, synthetic_weight=synthetic_weight, C=C,
         answer_corruption_weight=answer_corruption_weight, missing_number_factor=missing_number_factor, **settings))
 

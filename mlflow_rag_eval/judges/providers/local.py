@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_rag_eval._util.text import content_tokens, split_sentences, strip_citations
+from mlflow_rag_eval._util.text import content_tokens, shorten, split_sentences, strip_citations
 from mlflow_rag_eval.judges.base import (
     Judge,
     JudgeInfo,
@@ -38,7 +38,14 @@ from mlflow_rag_eval.judges.base import (
 )
 from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
-from mlflow_rag_eval.judges.local_model.support_model import FEATURES, Premise, load_support_model, support_features
+from mlflow_rag_eval.judges.local_model.support_model import (
+    FEATURES,
+    VETO_UNITS,
+    Premise,
+    entailment_of,
+    load_support_model,
+    support_features,
+)
 from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
 from mlflow_rag_eval.judges.same_width import encode_batch_independent
 
@@ -97,6 +104,9 @@ class LocalJudgeSettings:
     cross_encoder: str = ""
     #: a claim is supported when its support probability reaches this; None: the model's own
     support_threshold: float | None = None
+    #: ... and the cross-encoder's P(entailed) reaches this (the veto); None: the model's own
+    #: (``entailment_veto`` in its JSON), 0: no veto
+    entailment_threshold: float | None = None
     #: a passage is relevant to a question when their cosine reaches this
     relevance_threshold: float = 0.35
     #: an answer abstains when its cosine to an abstention prototype reaches this
@@ -142,7 +152,7 @@ class LocalJudge(Judge):
         reads none): the one named in the settings, else the one trained beside the model
         (``train-local-judge --train-cross-encoder``), else the shipped one. It must be the one
         the model was trained on: another one's probabilities mean something else."""
-        if not self.support_model.uses_entailment:
+        if not self.support_model.uses_entailment and not self.settings.entailment_threshold:
             return None
         path = self.settings.cross_encoder or None
         beside = self.support_model.training.get("cross_encoder_file")
@@ -236,6 +246,13 @@ class LocalJudge(Judge):
         return [[] if verdict.value else self._statements(text)[0] for text, verdict in zip(texts, abstains)]
 
     @property
+    def entailment_veto(self) -> float | None:
+        """The cross-encoder's P(entailed) a claim needs beside its support; None: no veto."""
+        t = self.settings.entailment_threshold
+        t = self.support_model.entailment_veto if t is None else t
+        return t if t else None
+
+    @property
     def support_threshold(self) -> float:
         """Support probability at which a claim counts as supported."""
         t = self.settings.support_threshold
@@ -260,11 +277,20 @@ class LocalJudge(Judge):
             if units:
                 triples += [(claim, claim_vecs[ci + k], premise) for k, claim in enumerate(item.claims)]
             ci += len(item.claims)
-        computed = support_features(triples, self.cross_encoder)
+        computed = support_features(triples, self.cross_encoder if self.support_model.features_use_entailment else None)
         located = [(premise, best, x) for (_, _, premise), (x, best) in zip(triples, computed)]
-        probs = iter(self.support_model.predict(np.array([x for x, _ in computed])) if computed else ())
-        where = iter(located)
+        support = np.array([_stable(p) for p in self.support_model.predict(np.array([x for x, _ in computed]))]
+                           if computed else [])
         threshold = self.support_threshold
+        veto = self.entailment_veto
+        entailed: list = [None] * len(triples)
+        if veto is not None:  # only where it can decide: claims whose support passes
+            passing = [k for k, s in enumerate(support) if s >= threshold]
+            for k, e in zip(passing, entailment_of([triples[k] for k in passing], self.cross_encoder, VETO_UNITS)):
+                entailed[k] = e
+        scores = support if veto is None else self.support_model.with_veto(
+            support, [np.nan if e is None else e[0] for e in entailed], threshold, veto)
+        where = iter(zip(located, support, scores, entailed))
         out: list[Outcome[list[Verdict]]] = []
         for item, (units, _) in zip(items, units_per_item):
             verdicts = []
@@ -272,12 +298,19 @@ class LocalJudge(Judge):
                 if not units:
                     verdicts.append(Verdict(False, "no context to support it", score=0.0))
                     continue
-                score = _stable(next(probs))
-                premise, best, x = next(where)
+                (premise, best, x), alone, score, entail = next(where)
+                score, alone = _stable(score), _stable(alone)
                 supported = score >= threshold
-                evidence, source = premise.units[best]
-                verdicts.append(Verdict(supported, _support_reason(supported, score, threshold, x, source),
-                                        evidence=evidence, score=score, source_index=source))
+                if entail is not None and entail[0] < veto:  # the veto decided
+                    evidence, source = premise.units[entail[1]]
+                    reason = (f"unsupported: not entailed by {shorten(evidence, 80)!r} (entailment "
+                              f"{entail[0]:.2f} < {veto:.2f}; support {alone:.2f}, threshold {threshold:.2f})")
+                else:
+                    evidence, source = premise.units[best]
+                    reason = _support_reason(supported, score, threshold, x, source)
+                    if entail is not None:
+                        reason = reason[:-1] + f"; entailment {entail[0]:.2f}, veto below {veto:.2f})"
+                verdicts.append(Verdict(supported, reason, evidence=evidence, score=score, source_index=source))
             out.append(verdicts)
         return out
 

@@ -100,22 +100,71 @@ def test_the_shipped_artifact_records_the_inputs_it_was_made_from():
 
 
 def test_the_recipe_on_a_slice_is_deterministic_and_learns(tmp_path):
-    """The shipped recipe on 96 of the committed pairs, twice: the same bytes; and its logits
-    move towards the labels it was trained on."""
+    """The shipped recipe (3 trainable layers, rewrite/edit twins ranked) on a slice of the
+    committed pairs, twice: the same bytes; its logits move towards the labels it was trained
+    on; the threshold is chosen on validation twins and recorded."""
     from mlflow_rag_eval.judges.local_model.cross_training import train_cross_encoder
 
-    pairs = load_entailment_pairs(PAIRS)[::500][:96]
+    pairs = _slice()
     outs = []
     for k in range(2):
         out = tmp_path / f"ce{k}.safetensors"
-        meta = train_cross_encoder(pairs, out, epochs=4, seed=3, threads=1, log=lambda _: None)
+        meta = train_cross_encoder(pairs, out, epochs=4, seed=3, threads=1, validation=pairs[:16], log=lambda _: None)
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert meta["training"]["pairs_digest"] == pairs_digest(pairs) and meta["training"]["seed"] == 3
+    assert meta["frozen_layers"] == 3 and meta["training"]["groups"] > 0
+    assert 0 < meta["validation"]["threshold"] < 1 and meta["validation"]["n_entailed"] == 8
     trained = CrossEncoder(tmp_path / "ce0.safetensors")
     p = trained.entailment([(x.claim, x.premise) for x in pairs])
     y = np.array([x.label for x in pairs])
     assert p[y == 1].mean() > p[y == 0].mean()
+
+
+def _slice():
+    """32 rewrite/edit twins of the example corpus's sentences (as ``make entailment-pairs``
+    makes them) and 64 entailment pairs of the committed file."""
+    from mlflow_rag_eval._util.text import split_sentences
+    from mlflow_rag_eval.judges.local_model.cross_training import EntailmentPair
+    from mlflow_rag_eval.judges.local_model.rewrites import rewrite_edit_pairs
+
+    corpus = [json.loads(line)["text"] for line in (ROOT / "examples/rag_pipeline/data/corpus.jsonl").open()]
+    twins = []
+    for g, pair in enumerate(rewrite_edit_pairs([split_sentences(p) for p in corpus], seed=0)[:32]):
+        twins += [EntailmentPair(pair.rewrite, pair.premise, 1, "rewrites", pair.rewrite_kind, g),
+                  EntailmentPair(pair.edit, pair.premise, 0, "rewrites", pair.edit_kind, g)]
+    return twins + [p for p in load_entailment_pairs(PAIRS) if p.group < 0][::1000][:64]
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_bytes(tmp_path):
+    """Stopped after a checkpoint (here, every step), the same command goes on from it: the
+    bottom states are read back, not recomputed, and the result is the uninterrupted run's."""
+    import subprocess
+    import sys
+    import time
+
+    pairs = _slice()
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps({"claim": p.claim, "premise": p.premise, "label": p.label, "source": p.source,
+                                          "group": p.group}) + "\n" for p in pairs))
+    script = ("import sys; from mlflow_rag_eval.judges.local_model.cross_training import *; "
+              f"train_cross_encoder(load_entailment_pairs({str(source)!r}), sys.argv[1], epochs=6, seed=1, threads=1, "
+              "work_dir=sys.argv[2], checkpoint_seconds=0, log=lambda line: print(line, flush=True))")
+    whole = subprocess.run([sys.executable, "-c", script, tmp_path / "whole.safetensors", tmp_path / "w1"],
+                           capture_output=True, text=True, check=True)
+    assert "resumed" not in whole.stdout
+    run = subprocess.Popen([sys.executable, "-c", script, tmp_path / "cut.safetensors", tmp_path / "w2"],
+                           stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "w2").glob("checkpoint-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    assert not (tmp_path / "cut.safetensors").exists()  # stopped before the end
+    again = subprocess.run([sys.executable, "-c", script, tmp_path / "cut.safetensors", tmp_path / "w2"],
+                           capture_output=True, text=True, check=True)
+    assert "bottom states read from" in again.stdout and "resumed from" in again.stdout
+    assert (tmp_path / "cut.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
 
 
 def test_the_shipped_cross_encoder_ranks_a_paraphrase_above_a_changed_word():
