@@ -109,7 +109,7 @@ def test_every_judge_option_is_documented():
     for provider in (openai, bedrock, endpoints, llamacpp):
         missing = [o for o in provider._TARGET_OPTIONS if o not in text]
         assert not missing, (provider.__name__, missing)
-    for option in ("support_threshold", "relevance_threshold", "abstention_threshold"):  # local:minilm-l6
+    for option in ("support_threshold", "relevance_threshold", "abstention_threshold", "entailment_threshold"):
         assert option in text, option
 
 

@@ -128,3 +128,47 @@ def test_train_local_judge_needs_inputs(tmp_path):
     result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(empty), "--out", str(tmp_path / "m.json")])
     assert result.exit_code == 2 and "no training examples" in result.output
 
+
+
+def test_the_veto_lowers_support_only_where_it_decides():
+    """A claim reaches the threshold exactly when its support does and its entailment reaches
+    the veto; one below the threshold keeps its support (its entailment may be unknown)."""
+    model = SupportModel(features=FEATURES[:1], mean=(0.0,), scale=(1.0,), coef=(1.0,), intercept=0.0,
+                         threshold=0.6, entailment_veto=0.4)
+    support = np.array([0.9, 0.9, 0.9, 0.5, 0.7])
+    entailment = np.array([0.8, 0.4, 0.1, np.nan, 0.39])
+    out = model.with_veto(support, entailment)
+    assert list(out >= 0.6) == [True, True, False, False, False]
+    assert out[3] == 0.5 and out[0] <= 0.9 and out[2] < out[4] < 0.6  # the veto ranks what it fails
+    again = SupportModel.from_json(model.to_json())
+    assert again.entailment_veto == 0.4 and again.uses_entailment and not again.features_use_entailment
+    assert "entailment_veto" not in load_support_model().to_json()  # a model without one hashes as before
+
+
+def test_a_judge_named_with_an_entailment_threshold_runs_the_veto_and_names_what_decided(local_judge):
+    judge = get_judge("local:minilm-l6?entailment_threshold=0.999999")
+    assert judge.cross_encoder is not None and judge.entailment_veto == 0.999999
+    assert judge.info().fingerprint != local_judge.info().fingerprint
+    (verdicts,) = judge.verify([VerifyItem(passages=[PASSAGE], claims=[
+        "The company adopted the name Northwind Rail in 2003.",  # a context sentence word for word: entailed
+        "In 2003 the company took on the name Northwind Rail."])])
+    copied, paraphrase = verdicts
+    assert copied.value and "entailment 1.00" in copied.reason
+    alone = local_judge.verify([VerifyItem(passages=[PASSAGE], claims=[paraphrase_claim := "In 2003 the company "
+                                                                        "took on the name Northwind Rail."])])[0][0]
+    assert paraphrase_claim and alone.value  # the support model alone passes it
+    assert not paraphrase.value and paraphrase.reason.startswith("unsupported: not entailed by")
+    assert paraphrase.score < judge.support_threshold <= alone.score
+
+
+def test_train_local_judge_with_veto_chooses_both_thresholds_on_the_labels(tmp_path):
+    out = tmp_path / "vetoed.json"
+    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(CORPUS), "--labels", str(PAIRS[-1]),
+                                       "--veto", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    model = SupportModel.from_json(out.read_text())
+    assert model.entailment_veto is not None and 0 <= model.entailment_veto < 1
+    assert "entailment" not in model.features and "veto_rule" in model.training
+    assert f"entailment veto {model.entailment_veto:.3f}" in result.output
+    # a veto of 0 (none helped on these labels) is no veto: the judge does not run the cross-encoder for it
+    assert get_judge(f"local:{out}").entailment_veto == (model.entailment_veto or None)
