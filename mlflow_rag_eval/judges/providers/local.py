@@ -53,7 +53,7 @@ __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v4"  # v4: abstention per answer, negative facts kept as claims
+RULES_VERSION = "local-rules-v5"  # v5: entailment read over the 3 closest units; the veto
 
 #: A sentence about what the speaker or the sources cannot tell, not a fact about the world:
 #: "I don't know", "the documents do not say ...", "there is no information on ...", "this cannot
