@@ -39,7 +39,7 @@ import numpy as np
 from mlflow_rag_eval._util.text import content_tokens, numbers, split_sentences
 
 __all__ = ["ENTAILMENT_FEATURES", "FEATURES", "Premise", "SupportModel", "claim_features", "default_model_path",
-           "VETO_UNITS", "entailment_of", "load_support_model", "support_features"]
+           "entailment_of", "load_support_model", "support_features"]
 
 FEATURES = (
     "cosine_best", "cosine_second", "cosine_pair", "coverage", "coverage_best", "bigram_coverage",
@@ -54,8 +54,6 @@ ENTAILMENT_FEATURES = ("entailment",)
 #: cosine, the highest P(entailed) counting. The best by cosine alone is often a near-copy that
 #: lacks the part of the premise that entails the claim (a pair of sentences where one was read).
 ENTAILMENT_UNITS = 3
-#: The units the veto reads: the same (the veto is the ``entailment`` feature against a threshold).
-VETO_UNITS = ENTAILMENT_UNITS
 
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot|den(?:y|ies|ied)|refus\w*|fail\w*)\b|n't\b", re.I
@@ -291,7 +289,7 @@ class SupportModel:
     @property
     def uses_entailment(self) -> bool:
         """Whether the model reads the cross-encoder (its features, or its veto): then the judge runs it."""
-        return any(f in ENTAILMENT_FEATURES for f in self.features) or self.entailment_veto is not None
+        return self.features_use_entailment or self.entailment_veto is not None
 
     def with_veto(self, support: np.ndarray, entailment: np.ndarray, threshold: float | None = None,
                   veto: float | None = None) -> np.ndarray:

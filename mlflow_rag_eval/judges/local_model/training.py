@@ -210,20 +210,23 @@ def _worst_source_threshold_and_veto(support: SupportModel, labelled: Sequence[_
     pooled_e = np.concatenate([e for _, e, _, _ in per])
     s_cuts = np.unique(np.quantile(pooled_s[pooled_s >= low], np.linspace(0, 1, 101)))
     e_cuts = np.unique(np.concatenate([[0.0], np.nanquantile(pooled_e, np.linspace(0, 0.98, 50))]))
+    least_support = []
+    for p, _, owner, y in per:
+        least = np.full(len(y), np.inf)
+        np.minimum.at(least, owner, p)
+        least_support.append(least)
     best, best_worst = (base, 0.0), -1.0
     for v in e_cuts:
-        scores = []
+        passes = []
         for p, e, owner, y in per:
-            # a claim below every support candidate fails whatever its entailment
+            # a claim below every support candidate has no entailment (NaN): it fails on support
             vetoed = np.zeros(len(y), dtype=bool)
             np.logical_or.at(vetoed, owner, np.nan_to_num(e, nan=1.0) < v)
-            least_support = np.full(len(y), np.inf)
-            np.minimum.at(least_support, owner, p)
-            scores.append((least_support, ~vetoed, y))
+            passes.append(~vetoed)
         for t in s_cuts:
             worst = 1.0
-            for least_support, passes, y in scores:
-                decide = (least_support >= t) & passes
+            for least, passing, (_, _, _, y) in zip(least_support, passes, per):
+                decide = (least >= t) & passing
                 pos, neg = max((y == 1).sum(), 1), max((y == 0).sum(), 1)
                 worst = min(worst, ((decide & (y == 1)).sum() / pos + (~decide & (y == 0)).sum() / neg) / 2)
             if worst > best_worst + 1e-12:
@@ -363,7 +366,6 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         raise ValueError("no training examples: the corpus has no sentence of six words or more, and no labelled pairs")
     if cross_encoder is None:  # nothing computes them
         features = [f for f in features if f not in ENTAILMENT_FEATURES]
-    features = list(features)
     columns = [FEATURES.index(f) for f in features]
     keep = [np.ones(len(s.owner), dtype=bool) for s in sources]
     for round_ in range(2 if pairs else 1):

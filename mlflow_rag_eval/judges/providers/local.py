@@ -40,7 +40,6 @@ from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
 from mlflow_rag_eval.judges.local_model.support_model import (
     FEATURES,
-    VETO_UNITS,
     Premise,
     entailment_of,
     load_support_model,
@@ -286,7 +285,7 @@ class LocalJudge(Judge):
         entailed: list = [None] * len(triples)
         if veto is not None:  # only where it can decide: claims whose support passes
             passing = [k for k, s in enumerate(support) if s >= threshold]
-            for k, e in zip(passing, entailment_of([triples[k] for k in passing], self.cross_encoder, VETO_UNITS)):
+            for k, e in zip(passing, entailment_of([triples[k] for k in passing], self.cross_encoder)):
                 entailed[k] = e
         scores = support if veto is None else self.support_model.with_veto(
             support, [np.nan if e is None else e[0] for e in entailed], threshold, veto)
@@ -299,7 +298,7 @@ class LocalJudge(Judge):
                     verdicts.append(Verdict(False, "no context to support it", score=0.0))
                     continue
                 (premise, best, x), alone, score, entail = next(where)
-                score, alone = _stable(score), _stable(alone)
+                score = _stable(score)
                 supported = score >= threshold
                 if entail is not None and entail[0] < veto:  # the veto decided
                     evidence, source = premise.units[entail[1]]
