@@ -125,23 +125,15 @@ class CrossEncoder:
     def logits(self, inputs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
         """One logit per input (token ids, segment ids), batched by length over the cores.
 
-        Each step holds inputs of one length: no padding, so an input's logit is the one it gets
-        alone, whatever else is judged with it (a row judged alone, as the genai route does, and
-        in a batch give the same bits)."""
-        by_width: dict[int, list[int]] = {}
-        for i, (ids, _) in enumerate(inputs):
-            by_width.setdefault(len(ids), []).append(i)
-        steps = [[rows[k] for k in step] for rows in by_width.values()
-                 for step in plan_steps([len(inputs[rows[0]][0])] * len(rows), 64, TOKENS_PER_STEP)]
+        Steps as :func:`plan_steps` makes them (one length each, one product per input): an
+        input's logit is the one it gets alone, whatever else is judged with it (a row judged
+        alone, as the genai route does, and in a batch give the same bits)."""
+        steps = plan_steps([len(ids) for ids, _ in inputs], 64, TOKENS_PER_STEP)
 
         def run(chunk: list[int]) -> np.ndarray:
-            width = max(len(inputs[i][0]) for i in chunk)
-            tokens = np.full((len(chunk), width), self.base.pad_id, dtype=np.int64)
-            types = np.zeros(tokens.shape, dtype=np.int64)
-            mask = np.zeros(tokens.shape, dtype=np.float32)
-            for row, i in enumerate(chunk):
-                ids, segments = inputs[i]
-                tokens[row, :len(ids)], types[row, :len(ids)], mask[row, :len(ids)] = ids, segments, 1.0
+            tokens = np.array([inputs[i][0] for i in chunk], dtype=np.int64)  # one length per step
+            types = np.array([inputs[i][1] for i in chunk], dtype=np.int64)
+            mask = np.ones(tokens.shape, dtype=np.float32)
             states = self.base._forward(tokens, mask, types=types, layers=self.base.layers[:self.frozen])
             states = self.base._forward(tokens, mask, layers=self.top, states=states)
             return _head(states[:, 0], self.head)

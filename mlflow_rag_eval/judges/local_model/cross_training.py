@@ -463,6 +463,29 @@ def validate(path: str | Path, pairs: Sequence[EntailmentPair], model: str = "mi
     return out
 
 
+def _first_windows(base, pairs: Sequence[EntailmentPair], max_claim: int, max_premise: int) -> list:
+    """Each pair's first (claim window, premise window) input, as the judge builds it."""
+    cls, sep = base.tokenizer.token_to_id("[CLS]"), base.tokenizer.token_to_id("[SEP]")
+
+    def ids(text):
+        return base.tokenizer.encode(text.lower() if base.lower_case else text, add_special_tokens=False).ids
+
+    return [pair_windows(ids(p.claim), ids(p.premise), cls=cls, sep=sep, max_claim=max_claim,
+                         max_premise=max_premise)[0][0] for p in pairs]
+
+
+def _training_record(pairs: Sequence[EntailmentPair], digest: str, steps: int, selection, torch) -> dict:
+    """What the artifact's JSON records of its pairs and of the machine that trained it."""
+    return {
+        "n_pairs": len(pairs), "pairs_digest": digest, "steps": steps,
+        "groups": len({p.group for p in pairs if p.group >= 0}),
+        "sources": {s: {"pairs": n, "entailed": sum(1 for p in pairs if p.source == s and p.label)}
+                    for s, n in sorted(Counter(p.source for p in pairs).items())},
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
+        "selection": selection,
+    }
+
+
 def train_cross_encoder(pairs: Sequence[EntailmentPair], out: str | Path, *, model: str = "minilm-l6",
                         frozen_layers: int = 3, epochs: int = 3, batch_size: int = 32, lr: float = 1e-4,
                         head_lr: float = 1e-3, dropout: float = 0.1, rank_weight: float = 1.0,
@@ -501,13 +524,7 @@ def train_cross_encoder(pairs: Sequence[EntailmentPair], out: str | Path, *, mod
     torch.set_num_threads(threads or base.workers)
     try:
         torch.manual_seed(seed)
-        cls, sep = base.tokenizer.token_to_id("[CLS]"), base.tokenizer.token_to_id("[SEP]")
-
-        def ids(text):
-            return base.tokenizer.encode(text.lower() if base.lower_case else text, add_special_tokens=False).ids
-
-        inputs = [pair_windows(ids(p.claim), ids(p.premise), cls=cls, sep=sep, max_claim=max_claim_tokens,
-                               max_premise=max_premise_tokens)[0][0] for p in pairs]
+        inputs = _first_windows(base, pairs, max_claim_tokens, max_premise_tokens)
         states = _cached_states(base, base_path, inputs, frozen_layers, work / "bottom_states" if work else None,
                                 torch, log)
         top = _torch_modules(torch)(len(base.layers) - frozen_layers, base.words.shape[1], base.heads,
@@ -526,15 +543,10 @@ def train_cross_encoder(pairs: Sequence[EntailmentPair], out: str | Path, *, mod
             "frozen_layers": frozen_layers, "max_claim_tokens": max_claim_tokens,
             "max_premise_tokens": max_premise_tokens, "dtype": "float16",
             "training": {
-                "n_pairs": len(pairs), "pairs_digest": digest, "steps": steps,
-                "groups": len({p.group for p in pairs if p.group >= 0}),
-                "sources": {s: {"pairs": n, "entailed": sum(1 for p in pairs if p.source == s and p.label)}
-                            for s, n in sorted(Counter(p.source for p in pairs).items())},
-                "epochs": epochs, "batch_size": batch_size, "lr": lr, "head_lr": head_lr, "dropout": dropout,
-                "rank_weight": rank_weight, "seed": seed, "threads": torch.get_num_threads(),
-                "torch": torch.__version__, "machine": platform.machine(),
-                "seconds": round(time.perf_counter() - started), "started_from": started_from,
-                "selection": selection,
+                **_training_record(pairs, digest, steps, selection, torch), "epochs": epochs,
+                "batch_size": batch_size, "lr": lr, "head_lr": head_lr, "dropout": dropout,
+                "rank_weight": rank_weight, "seed": seed, "seconds": round(time.perf_counter() - started),
+                "started_from": started_from,
             },
         }
         out.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

@@ -7,8 +7,8 @@ pooling and sequence-length settings) and computes what sentence-transformers co
 tokens truncated at ``max_seq_length``, the BERT encoder, pooling over the attention mask, unit
 rows. Results agree with sentence-transformers to float32 noise (about 1e-7).
 
-Texts are sorted by token count and padded per batch, so a batch holds texts of similar length
-(little padding) and a text's vector does not depend on its batch mates beyond float noise.
+Texts are grouped by token count, so a batch holds texts of one length (no padding), and every
+product runs per text: a text's vector is the same bits whatever its batch mates.
 numpy's BLAS runs with the threads it chose from the machine; nothing global is changed.
 
 :func:`numpy_problem` says, from the folder's small JSON files alone, whether a folder is one
@@ -140,14 +140,18 @@ def one_blas_thread():
 
 
 def plan_steps(lengths: list[int], batch_size: int, tokens_per_step: int) -> list[list[int]]:
-    """Indices of inputs grouped into forward steps, longest first: at most ``batch_size``
-    inputs and about ``tokens_per_step`` padded tokens a step (inputs of similar length together)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    steps, start = [], 0
-    while start < len(order):
-        width = max(1, lengths[order[start]])
-        steps.append(order[start:start + max(1, min(batch_size, tokens_per_step // width))])
-        start += len(steps[-1])
+    """Indices of inputs grouped into forward steps, longest first: each step holds inputs of one
+    length (no padding), at most ``batch_size`` of them and about ``tokens_per_step`` tokens.
+
+    With no padding and one BLAS product per input (:func:`_per_input`), an input's result is the
+    same bits alone and in any step: a row judged alone (the genai route) scores as in a batch."""
+    by_length: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        by_length.setdefault(lengths[i], []).append(i)
+    steps = []
+    for length, group in by_length.items():
+        size = max(1, min(batch_size, tokens_per_step // max(1, length)))
+        steps += [group[start:start + size] for start in range(0, len(group), size)]
     return steps
 
 
@@ -237,6 +241,16 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         array = array.reshape(spec["shape"])
         out[name] = array.astype(np.float32) if array.dtype.kind == "f" else array
     return out
+
+
+def _per_input(x: np.ndarray, w: np.ndarray, inputs: int) -> np.ndarray:
+    """``x @ w`` for the rows of ``inputs`` equal-length inputs, one BLAS product per input.
+
+    One product over all rows would be faster for short inputs, but OpenBLAS sums a row's
+    products in an order that depends on the number of rows (up to 4e-5 apart here): an input's
+    result would depend on its batch mates. numpy's stacked matmul calls BLAS once per input, so
+    an input gets the same bits alone and in any batch (issue 38's batch independence, exact)."""
+    return np.matmul(x.reshape(inputs, -1, x.shape[1]), w).reshape(x.shape[0], w.shape[1])
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -390,17 +404,15 @@ class BertEncoder:
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Unit-norm embeddings of ``texts``, shape (len(texts), dim), float32.
 
-        Texts go through the model longest first, in steps of at most ``batch_size`` texts and
-        :data:`TOKENS_PER_STEP` padded tokens, one step per core at a time (see :func:`one_blas_thread`).
+        Texts go through the model longest first, in steps of at most ``batch_size`` texts of one
+        length and :data:`TOKENS_PER_STEP` tokens, one step per core at a time (see :func:`one_blas_thread`).
         """
         ids = self.tokenize(list(texts))
         steps = plan_steps([len(i) for i in ids], batch_size, TOKENS_PER_STEP)
 
         def embed(chunk: list[int]) -> np.ndarray:
-            tokens = np.full((len(chunk), len(ids[chunk[0]])), self.pad_id, dtype=np.int64)
-            mask = np.zeros(tokens.shape, dtype=np.float32)
-            for row, i in enumerate(chunk):
-                tokens[row, :len(ids[i])], mask[row, :len(ids[i])] = ids[i], 1.0
+            tokens = np.array([ids[i] for i in chunk], dtype=np.int64)  # one length per step
+            mask = np.ones(tokens.shape, dtype=np.float32)
             return self._pool(self._forward(tokens, mask), mask)
 
         out = np.empty((len(ids), self.words.shape[1] * len(self.pooling)), dtype=np.float32)
@@ -433,7 +445,7 @@ class BertEncoder:
         group = max(1, _CACHE_FLOATS // (n * n))
         for layer in self.layers if layers is None else layers:
             # Contiguous per-head operands: numpy's stacked matmul on strided views skips BLAS (~100x slower).
-            qkv = (x @ layer.qkv + layer.qkv_bias).reshape(b, n, 3, h, dh)
+            qkv = (_per_input(x, layer.qkv, b) + layer.qkv_bias).reshape(b, n, 3, h, dh)
             query = np.ascontiguousarray((qkv[:, :, 0] * scale).transpose(0, 2, 1, 3)).reshape(b * h, n, dh)
             key_t = np.ascontiguousarray(qkv[:, :, 1].transpose(0, 2, 3, 1)).reshape(b * h, dh, n)
             value = np.ascontiguousarray(qkv[:, :, 2].transpose(0, 2, 1, 3)).reshape(b * h, n, dh)
@@ -447,17 +459,17 @@ class BertEncoder:
                 # Normalised after the product: the division runs over n x dh values, not n x n.
                 np.divide(scores @ value[i:i + group], scores.sum(axis=-1, keepdims=True), out=context[i:i + group])
             context = context.reshape(b, h, n, dh).transpose(0, 2, 1, 3).reshape(b * n, d)
-            x = _add_norm(context @ layer.out, layer.out_bias, x, *layer.ln1, self.eps)
-            x = _add_norm(self._feed_forward(layer, x), layer.down_bias, x, *layer.ln2, self.eps)
+            x = _add_norm(_per_input(context, layer.out, b), layer.out_bias, x, *layer.ln1, self.eps)
+            x = _add_norm(self._feed_forward(layer, x, b), layer.down_bias, x, *layer.ln2, self.eps)
         return x.reshape(b, n, d)
 
-    def _feed_forward(self, layer: _Layer, x: np.ndarray) -> np.ndarray:
+    def _feed_forward(self, layer: _Layer, x: np.ndarray, inputs: int) -> np.ndarray:
         """down(act(up(x))), the activation over a few rows at a time (the cache, as above)."""
-        up = x @ layer.up + layer.up_bias
+        up = _per_input(x, layer.up, inputs) + layer.up_bias
         rows = max(1, _CACHE_FLOATS // up.shape[1])
         for i in range(0, up.shape[0], rows):
             up[i:i + rows] = self.act(up[i:i + rows])
-        return up @ layer.down
+        return _per_input(up, layer.down, inputs)
 
     def _pool(self, states: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """sentence-transformers' Pooling: the configured modes side by side, in its order."""
