@@ -192,17 +192,30 @@ def _as_id(value: Any, *, row: int, column: str) -> str:
     return str(value)
 
 
-#: Characters that show nothing yet are not whitespace to ``str.isspace``: Hangul and braille
-#: fillers (letters and symbols to Unicode, blank on screen).
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+#: Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt): code points a
+#: renderer shows nothing for when it has no glyph of them: the soft hyphen, the combining
+#: grapheme joiner, zero-width spaces and joiners, bidi marks, the Hangul fillers, variation
+#: selectors (U+FE00..U+FE0F, U+E0100..U+E01EF), tag characters, the BOM.
+DEFAULT_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+                     (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+                     (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+                     (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+#: Blank besides: the braille blank (a symbol to Unicode, nothing on screen).
+_BLANK_SYMBOLS = frozenset("\u2800")
+
+
+def _ignorable(c: str) -> bool:
+    code = ord(c)
+    return any(low <= code <= high for low, high in DEFAULT_IGNORABLE)
 
 
 def is_blank(text: str) -> bool:
-    """Whether ``text`` shows nothing: only whitespace, control characters, format characters
-    (zero-width spaces and joiners, the BOM, bidi marks, soft hyphens) and blank fillers.
+    """Whether ``text`` shows nothing: only whitespace, control and format characters, default
+    ignorable code points (:data:`DEFAULT_IGNORABLE`: zero-width spaces and joiners, the BOM, bidi
+    marks, soft hyphens, variation selectors, the combining grapheme joiner) and blank fillers.
     ``"\\u200b"`` is no question, and a passage of ``"\\ufeff"`` holds nothing to judge."""
-    return all(c.isspace() or c in _BLANK_LETTERS or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp")
-               for c in text)
+    return all(c.isspace() or c in _BLANK_SYMBOLS or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp")
+               or _ignorable(c) for c in text)
 
 
 def _text(value: Any, *, row: int, column: str, allow_empty: bool = True) -> str:
