@@ -17,6 +17,11 @@ link) and, when a logged model was evaluated, to that model (``mlflow.modelId``)
 - the expectations (``reference``, ``relevant_ids``, ``answerable``, ``reference_contexts``)
   as ``Expectation``\\ s.
 
+Every text a row's trace carries (span inputs and outputs, hence the request and response
+previews; rationales, evidence, expectations) goes through the one redactor
+(:mod:`mlflow_rag_eval._util.redaction`), as the rows table does: a key pasted into a question
+is ``***`` in the store, not only in the table.
+
 Writing: MLflow has no batch call for trace infos, so each new trace is one ``start_trace``
 call that carries all of its assessments (not one call per assessment, as
 ``mlflow.log_feedback`` would need); spans go through ``log_spans`` a thousand rows at a time,
@@ -63,6 +68,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from mlflow_rag_eval._util.mlflow_compat import batch_get_traces, log_spans
 from mlflow_rag_eval._util.progress import Progress
+from mlflow_rag_eval._util.redaction import redact, redact_json_text, redact_strings
 from mlflow_rag_eval.judges import JudgeInfo
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import MetricResult, RowResult, error_kind
@@ -196,7 +202,7 @@ def row_feedback(
         metadata["rag_eval.prompts_version"] = judge.prompts_version
     evidence = compact_evidence(row.details)
     if evidence:
-        metadata["rag_eval.evidence"] = evidence
+        metadata["rag_eval.evidence"] = redact(evidence)
     if row.details.get("support") is not None:
         metadata["rag_eval.support"] = repr(float(row.details["support"]))
     if run_id is not None:
@@ -206,7 +212,7 @@ def row_feedback(
         name=name or metric.key,
         value=None if failed else row.value,
         error=_error(row) if failed else None,
-        rationale=(row.justification or None) if not failed else None,
+        rationale=redact(row.justification or "") or None if not failed else None,
         source=assessment_source(judge if needs_judge else None),
         trace_id=trace_id,
         span_id=span_id,
@@ -241,7 +247,7 @@ def row_expectations(
         value = _expectation_value(record, field)
         if value is None:
             continue
-        out.append(Expectation(name=field, value=value, source=source, trace_id=trace_id, metadata=metadata))
+        out.append(Expectation(name=field, value=redact_strings(value), source=source, trace_id=trace_id, metadata=metadata))
     return out
 
 
@@ -259,8 +265,9 @@ def _span(trace_id: str, otel_trace_id: int, span_id: int, parent_id: int | None
     attributes = {
         SpanAttributeKey.REQUEST_ID: json.dumps(trace_id),
         SpanAttributeKey.SPAN_TYPE: json.dumps(span_type),
-        SpanAttributeKey.INPUTS: json.dumps(inputs, cls=TraceJSONEncoder, ensure_ascii=False),
-        SpanAttributeKey.OUTPUTS: json.dumps(outputs, cls=TraceJSONEncoder, ensure_ascii=False),
+        # Through the redactor, as the rows table: the trace's previews are made from these.
+        SpanAttributeKey.INPUTS: redact_json_text(json.dumps(inputs, cls=TraceJSONEncoder, ensure_ascii=False)),
+        SpanAttributeKey.OUTPUTS: redact_json_text(json.dumps(outputs, cls=TraceJSONEncoder, ensure_ascii=False)),
     }
     otel = ReadableSpan(
         name=name,

@@ -62,3 +62,37 @@ def test_lineage_on_the_run_and_no_key_in_the_store_or_cache(tracking_uri, tmp_p
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), f"API key found in {path}"
+
+
+def _store_files_holding(root, secret: str) -> list[str]:
+    """The files under ``root`` (the sqlite store and its artifacts) that hold ``secret``."""
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_a_key_pasted_into_the_data_is_redacted_in_the_traces_too(tracking_uri, tmp_path, monkeypatch, local_judge):
+    """Issue 45: the rows table showed *** but the traces' previews and spans held the key."""
+    from click.testing import CliRunner
+
+    from mlflow_rag_eval.cli import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    df = pd.DataFrame({
+        "question": [f"Why does {SECRET} fail?", "How much does a bike ticket cost?"],
+        "answer": [f"The key {SECRET} was revoked.", "A bike ticket costs 5 euros."],
+        "contexts": [[f"Revoked keys: {SECRET}."], ["Bikes travel for a flat fare of 5 euros."]],
+        "reference": [f"{SECRET} is revoked.", "5 euros."],
+    })
+    metrics = ["faithfulness", "context_precision", "answer_correctness"]
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=df, model_type="rag", evaluators="rag",
+                               evaluator_config={"judge": local_judge, "metrics": metrics})
+    data = tmp_path / "rows.jsonl"
+    data.write_text(df.to_json(orient="records", lines=True))
+    cli = CliRunner().invoke(main, ["evaluate", "--data", str(data), "--metrics", ",".join(metrics)])
+    assert cli.exit_code == 0, cli.output
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list")
+    assert len(traces) == 4  # two rows, two routes: the store was written, and read back
+    first = next(t for t in traces if "fail?" in (t.info.request_preview or ""))
+    assert "***" in first.info.request_preview and "***" in first.info.response_preview
+    data.unlink()  # the input file holds it, as the user wrote it; nothing else may
+    assert _store_files_holding(tmp_path, SECRET) == []
