@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from mlflow_rag_eval._util.text import did_you_mean
 from mlflow_rag_eval.judges.base import Judge
+from mlflow_rag_eval.keys import display_name
 from mlflow_rag_eval.records import ColumnMapping, RagRecord
 from mlflow_rag_eval.results import RowResult, metric_key
 
@@ -169,8 +170,16 @@ def register_namespace(prefix: str, factory: Callable[[str], Metric]) -> None:
     _NAMESPACES[prefix] = factory
 
 
+def _known_names(registry: dict[str, type]) -> str:
+    """The registered names as a user types them: ``ndcg@<k>`` for a metric with a cut-off."""
+    with_k = {name for name, cls in registry.items()
+              if dataclasses.is_dataclass(cls) and "k" in {f.name for f in dataclasses.fields(cls)}}
+    return ", ".join(f"{name}@<k>" if name in with_k else name for name in sorted(registry))
+
+
 def resolve_metric(spec: str | Metric) -> Metric:
-    """A Metric from a name such as ``faithfulness``, ``ndcg@10`` or ``ragas:faithfulness``."""
+    """A Metric from a name such as ``faithfulness``, ``ndcg@10`` or ``ragas:faithfulness``; the
+    key a run logs (``ndcg_at_10``, as policies and the runs table spell it) names the same metric."""
     if isinstance(spec, Metric):
         return spec
     if not isinstance(spec, str):
@@ -181,7 +190,7 @@ def resolve_metric(spec: str | Metric) -> Metric:
             raise ValueError(f"unknown metric namespace {prefix!r} in {spec!r}{did_you_mean(prefix, _NAMESPACES)}; "
                              f"known: {sorted(_NAMESPACES)}")
         return _NAMESPACES[prefix](rest)
-    match = _NAME.match(spec.strip().lower())
+    match = _NAME.match(display_name(spec.strip().lower()))
     registry = registered_metrics()
     if not match or match.group("base") not in registry:
         if spec.strip().lower() == "rubric":  # a kind of metric, made with its criteria and steps
@@ -189,7 +198,7 @@ def resolve_metric(spec: str | Metric) -> Metric:
                              "steps=['...']) from mlflow_rag_eval as the metric (an LLM judge grades it)")
         base, k = (match.group("base"), match.group("k")) if match else (spec.strip().lower(), None)
         hint = did_you_mean(base, registry, f"@{k}" if k else "")
-        raise ValueError(f"unknown metric {spec!r}{hint}; known: {sorted(registry)}")
+        raise ValueError(f"unknown metric {spec!r}{hint}; known: {_known_names(registry)}")
     cls = registry[match.group("base")]
     if match.group("k") is None:
         return cls()

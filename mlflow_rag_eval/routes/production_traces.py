@@ -69,6 +69,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus, TraceState
 
 from mlflow_rag_eval._util.summary_log import say
+from mlflow_rag_eval._util.text import did_you_mean
 from mlflow_rag_eval.evaluation.budget import Budget, Estimate, estimate_cost, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.evaluation.result import EvaluationResult
@@ -353,6 +354,17 @@ def _checked(found, asked: str, uri: str):
     return found
 
 
+def _close_experiments(client, name: str) -> str:
+    """A did-you-mean of the active experiments' names closest to ``name`` (the first 1000)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        names = [e.name for e in client.search_experiments(max_results=1000)]
+    except (MlflowException, OSError):  # a hint only: the error it decorates says what went wrong
+        return ""
+    return did_you_mean(name, names)
+
+
 def _experiment_id(client, experiment: str) -> str:
     """The experiment ``id:<id>``, ``name:<name>``, or a bare value that names one experiment
     only (an id that is also another experiment's name is refused as ambiguous)."""
@@ -365,7 +377,7 @@ def _experiment_id(client, experiment: str) -> str:
         if kind == "name":
             found = _checked(client.get_experiment_by_name(value), text, uri)
             if found is None:
-                raise ValueError(f"no experiment named {value!r}")
+                raise ValueError(f"no experiment named {value!r}{_close_experiments(client, value)}")
             return found.experiment_id
         try:
             return _checked(client.get_experiment(value), text, uri).experiment_id
@@ -384,7 +396,7 @@ def _experiment_id(client, experiment: str) -> str:
     found = by_name or by_id
     if found is None:
         raise ValueError(f"no experiment named {text!r}" + (" or with that id" if text.isdigit() else "")
-                         + " (give name:<name> or id:<id>)")
+                         + _close_experiments(client, text) + "; give name:<name> or id:<id>")
     return found.experiment_id
 
 

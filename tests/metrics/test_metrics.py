@@ -221,3 +221,13 @@ def test_a_yes_reference_is_matched_by_the_answers_yes_not_by_an_abstention(answ
     assert match_yes_no("Yes.", answer).stated is stated
     # an answer that does not know says no "no" either
     assert match_yes_no("No.", answer).stated is (answer in ("No, it does not.", "The price does not include VAT."))
+
+
+def test_the_key_a_run_logs_names_the_same_metric_and_the_cut_offs_are_listed():
+    """Issue 45: ``--metrics ndcg_at_10`` (the key runs log and policies accept) was unknown."""
+    from mlflow_rag_eval.keys import metric_key
+
+    for typed in ("ndcg_at_10", "NDCG@10", "ndcg@10"):
+        assert metric_key(resolve_metric(typed).key) == "ndcg_at_10"
+    with pytest.raises(ValueError, match=r"unknown metric 'ndgc@10' \(did you mean 'ndcg@10'\?\); known: .*ndcg@<k>"):
+        resolve_metric("ndgc@10")

@@ -605,3 +605,13 @@ def test_a_few_traces_with_long_replies_stop_at_the_cap_call_by_call(app, monkey
     assert len(refused) == len(METRICS) - server.calls
     assert client.get_trace(first.info.trace_id).info.tags.get("mlflow_rag_eval.retry") == "true"
     assert _our_feedback(client, second.info.trace_id) == {}
+
+
+def test_a_misspelled_experiment_is_answered_with_the_closest_names(tracking_uri):
+    MlflowClient().create_experiment("kestrel-prod")
+    uri = mlflow.get_tracking_uri()
+    for given in ("kestrel-prd", "name:kestrel-prd"):
+        result = CliRunner().invoke(main, ["evaluate", "--traces", given, "--metrics", "faithfulness",
+                                           "--tracking-uri", uri])
+        assert result.exit_code == 2, result.output
+        assert "no experiment named 'kestrel-prd' (did you mean 'kestrel-prod'?)" in result.output
