@@ -50,6 +50,15 @@ class LLMSettings:
       request per round of ``concurrency`` timeouts never reaches twice that; only one that
       answered nothing through a round of requests and their retries (about ``2 x timeout``)
       is declared.
+    - ``outage_budget`` 300 s (riding out an outage): a judge that *has answered* in this
+      judge's life and then reaches either fail-fast count is in an outage, not unreachable:
+      a provider that drops every connection for 20 s after 200 good calls (a deploy, a
+      network blip) would otherwise cost the night's evaluation. Its calls then wait (their
+      own deadlines and retries paused) while one request at a time probes the server, 1 s
+      apart growing to 15 s; the first answer ends the outage and every call goes on. Only an
+      outage longer than ``outage_budget``, counted from its first failure, raises
+      :class:`JudgeUnreachable`. A judge that never answered still fails fast; 0 turns the
+      wait off (fail fast always, as before).
     - ``rate_limit`` (requests per second): a provider's quota is per time, not per
       connection, and ``concurrency`` alone lets fast replies exceed it (then every request
       pays 429s and backoff). Each request, first attempt or retry, takes the next free slot
@@ -72,6 +81,8 @@ class LLMSettings:
     unreachable_after: int | None = None
     #: consecutive timeouts before JudgeUnreachable; None: as ``unreachable_after``; 0: off
     unreachable_after_timeouts: int | None = None
+    #: seconds a judge that answered before is waited for when it stops answering; 0: fail fast
+    outage_budget: float = 300.0
     #: concurrent requests; None takes the provider's default
     concurrency: int | None = None
     #: requests per second sent to the provider by this judge, every thread and retry

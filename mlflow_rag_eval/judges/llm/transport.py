@@ -11,6 +11,11 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
   connection failures, across calls and threads) raises :class:`JudgeUnreachable`, which
   stops the evaluation instead of failing every row the same way; so does one that accepts
   connections but never answers (``unreachable_after_timeouts`` consecutive timeouts).
+- **Outages.** A judge that answered before and then reaches a fail-fast count is waited for,
+  up to ``outage_budget`` seconds: its calls pause (deadlines and retries with them) while one
+  request at a time probes the server with growing gaps (a circuit that half-opens); the first
+  answer closes it. Past the budget it is :class:`JudgeUnreachable`, as a judge that never
+  answered is at once.
 - **Schema fallback.** A server that refuses the requested structured-output format
   (``SchemaUnsupported``) is asked the next way: ``json_schema``, then ``json_object`` where
   the backend has it, then prompt-and-parse. The switch is made once per judge, remembered
@@ -66,6 +71,10 @@ MESSAGE_CHARS = 300
 #: still queued when the evaluation stops cost nothing. After that quiet time one request
 #: goes out again (a judge object reused once its server is back works without a restart).
 UNREACHABLE_HOLD_S = 10.0
+#: Seconds between probes of a judge in an outage: the first gap, and the most it grows to.
+PROBE_FIRST_S, PROBE_MAX_S = 1.0, 15.0
+#: Seconds a call waiting out an outage sleeps between looks at the circuit.
+_OUTAGE_POLL_S = 0.05
 
 # (provider, base_url, model) -> the format a server was last found to accept: a new judge on
 # the same server starts there instead of repeating the call that failed.
@@ -183,6 +192,12 @@ class Transport:
         self._last_timeout = 0.0
         self._longest_timed_out = 0.0  # the longest budget among them, in seconds
         self._health_lock = threading.Lock()
+        self._answered = False  # any answer from the server in this judge's life: an outage can end
+        self._answers = 0  # the server's answers so far
+        self._outage_declared = False  # a call spent its retries while the server answered no one
+        self._streak_since = 0.0  # when the current run of failures began (its first failure)
+        self._next_probe = 0.0  # when a call waiting out an outage may send the next probe
+        self._probe_gap = PROBE_FIRST_S
         self._noticed: set[str] = set()
         self._noticed_lock = threading.Lock()
         rate = settings.rate_limit or getattr(backend, "default_rate_limit", None)
@@ -257,6 +272,10 @@ class Transport:
             if remaining <= 0:
                 raise JudgeFailure("DeadlineExceeded", f"no reply within {s.deadline:g} s")
             self.check_reachable()
+            waited = self._wait_out_outage()
+            if waited:  # the outage's time is not the call's: its deadline and retries start again
+                deadline += waited
+                attempt = 0
             if self._limiter is not None:
                 self._limiter.acquire(deadline)
                 remaining = deadline - time.monotonic()
@@ -265,7 +284,7 @@ class Transport:
             if ledger is not None:  # BudgetExhausted: not sent; it may wait for calls in flight to settle
                 hold = self._reserve(ledger, request, deadline)
                 remaining = deadline - time.monotonic()
-            started = time.monotonic()
+            started, answers_then = time.monotonic(), self._answers  # the server's answers before this attempt
             budget = min(s.timeout, remaining)
             charge = "release"  # what the hold becomes if the attempt gets no reply
             try:
@@ -274,6 +293,14 @@ class Transport:
             except TransientError as exc:
                 charge = "estimate" if exc.kind == "Timeout" else "release"  # a timed-out call may be billed
                 self._note_transient(exc, budget)
+                if (exc.kind == CONNECTION_ERROR and attempt >= s.max_retries and answers_then == self._answers
+                        and self._answered and s.outage_budget > 0):
+                    # retries spent, the last while the server answered no one: an outage, not this row's fault
+                    with self._health_lock:
+                        self._outage_declared = True
+                if self._in_outage():  # no retry of its own, and the probe's time is the outage's
+                    deadline += time.monotonic() - started
+                    continue
                 attempt += 1
                 self._back_off(exc, attempt, deadline)
                 continue
@@ -333,6 +360,8 @@ class Transport:
         counts. Each count leaves the other as it is."""
         now = time.monotonic()
         with self._health_lock:
+            if exc.kind in (CONNECTION_ERROR, "Timeout") and not (self._connection_failures or self._timeouts):
+                self._streak_since = now
             if exc.kind == CONNECTION_ERROR:
                 self._connection_failures += 1
                 self._last_connection_failure = (now, exc.message)
@@ -353,6 +382,18 @@ class Transport:
             count = self._connection_failures
             when, last = self._last_connection_failure
             timeouts, timed_out_at, longest = self._timeouts, self._last_timeout, self._longest_timed_out
+            answered, since, declared = self._answered, self._streak_since, self._outage_declared
+        budget = self.settings.outage_budget
+        if answered and budget > 0 and (declared or (limit and count >= limit)
+                                        or (timeout_limit and timeouts >= timeout_limit)):
+            if now - since <= budget:
+                return  # an outage, waited out (_wait_out_outage)
+            raise JudgeUnreachable(
+                f"judge {self.name!r} stopped answering: no answer for {now - since:.0f} s after it had answered "
+                f"before ({count} connection failures, {timeouts} timeouts in a row; the last: "
+                f"{last or 'a timeout'}), longer than LLMSettings.outage_budget={budget:g} s. The replies it gave "
+                "are in the judge cache: run the evaluation again once the provider is back"
+            )
         if limit and count >= limit and now - when < UNREACHABLE_HOLD_S:
             raise JudgeUnreachable(
                 f"judge {self.name!r} is unreachable: {count} consecutive connection failures, "
@@ -367,8 +408,42 @@ class Transport:
                 f"(LLMSettings.unreachable_after_timeouts={timeout_limit})"
             )
 
+    def _in_outage(self) -> bool:
+        """Whether the judge answered before and has now reached a fail-fast count (within the
+        outage budget: past it, :meth:`check_reachable` raises)."""
+        limit, timeout_limit = self.unreachable_limit(), self.timeout_limit()
+        with self._health_lock:
+            return bool(self._answered and self.settings.outage_budget > 0 and (
+                self._outage_declared or (limit and self._connection_failures >= limit)
+                or (timeout_limit and self._timeouts >= timeout_limit)))
+
+    def _wait_out_outage(self) -> float:
+        """Wait while the judge is in an outage until this call may probe (one call per gap,
+        the gap doubling from PROBE_FIRST_S to PROBE_MAX_S) or an answer ends the outage;
+        returns the seconds waited. JudgeUnreachable once the outage outlasts its budget."""
+        if not self._in_outage():
+            return 0.0
+        started = time.monotonic()
+        while self._in_outage():
+            self.check_reachable()
+            now = time.monotonic()
+            with self._health_lock:
+                if now >= self._next_probe:  # this call is the probe
+                    self._next_probe = now + self._probe_gap
+                    self._probe_gap = min(PROBE_MAX_S, 2 * self._probe_gap)
+                    if self.first_notice(f"outage-{self._streak_since}"):
+                        _logger.warning("judge %s: no answer from the server (%d connection failures, %d timeouts "
+                                        "in a row); waiting up to %g s for it, probing (outage_budget)", self.name,
+                                        self._connection_failures, self._timeouts, self.settings.outage_budget)
+                    break
+            time.sleep(_OUTAGE_POLL_S)
+        return time.monotonic() - started
+
     def _note_answer(self) -> None:
         with self._health_lock:
+            self._answered, self._outage_declared = True, False
+            self._answers += 1
+            self._next_probe, self._probe_gap = 0.0, PROBE_FIRST_S
             self._connection_failures = 0
             self._timeouts = 0
             self._longest_timed_out = 0.0

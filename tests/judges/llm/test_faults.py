@@ -156,6 +156,56 @@ def test_a_dead_port_stops_the_evaluation_fast_with_one_error():
     assert calls <= limit + judge._concurrency()  # not 48 rows x 5 attempts
 
 
+def _outage_after(calls: int, seconds: float):
+    """A server that answers ``calls`` requests, then resets every connection for ``seconds``
+    (from the first reset; ``inf``: for good), then answers again."""
+    state = {"n": 0, "down_since": None}
+
+    def respond(request):
+        state["n"] += 1
+        if state["n"] <= calls:
+            return own_reply(request)
+        if state["down_since"] is None:
+            state["down_since"] = time.monotonic()
+        return Reset() if time.monotonic() - state["down_since"] < seconds else own_reply(request)
+
+    return respond
+
+
+def _frame(n: int) -> pd.DataFrame:
+    return pd.DataFrame({"question": [f"Question {i}?" for i in range(n)],
+                         "answer": [f"Row {i}: bikes cost 7 euros." for i in range(n)], "contexts": [PASSAGES] * n})
+
+
+def test_an_outage_in_the_middle_of_a_run_is_waited_out_and_every_row_is_scored(faulty_server):
+    """Issue 47: the provider drops every connection for a while after a good start; the run
+    used to stop with JudgeUnreachable after 16 failures and log nothing."""
+    server = faulty_server(_outage_after(10, 3.0))
+    judge = judge_for(server.base_url, max_retries=2, outage_budget=30)
+    result = timed("3 s outage after 10 calls", 12.0,
+                   lambda: evaluate_records(records_from_frame(_frame(40)), metrics=["faithfulness"], judge=judge))
+    (metric,) = result.metrics
+    assert [r.error for r in metric.rows] == [None] * 40 and [r.value for r in metric.rows] == [0.0] * 40
+    resets = server.calls - 40
+    print(f"[fault] outage: {resets} requests reset, {judge.usage()['retries']} retries")
+    assert resets <= judge._unreachable_limit() + judge._concurrency() + 6  # probes, not a storm
+
+
+def test_an_outage_past_its_budget_stops_the_run_naming_it(faulty_server):
+    server = faulty_server(_outage_after(5, float("inf")))
+    judge = judge_for(server.base_url, outage_budget=2.0)
+    with pytest.raises(JudgeUnreachable, match=r"stopped answering: no answer for \d+ s .*outage_budget=2 s"):
+        timed("outage past a 2 s budget", 2.0 + 3.0,
+              lambda: evaluate_records(records_from_frame(_frame(30)), metrics=["faithfulness"], judge=judge))
+
+
+def test_a_judge_that_never_answered_still_fails_fast_whatever_the_outage_budget():
+    judge = judge_for(f"http://127.0.0.1:{free_port()}/v1", outage_budget=300)
+    with pytest.raises(JudgeUnreachable, match="consecutive connection failures"):
+        timed("dead port, budget 300 s", 5.0,
+              lambda: evaluate_records(records_from_frame(_frame(20)), metrics=["faithfulness"], judge=judge))
+
+
 # -- one bad reply is one row's problem ------------------------------------------------------------
 
 def test_llama_cpp_500_to_json_schema_falls_back_once_and_is_remembered(faulty_server):

@@ -69,7 +69,9 @@ def test_any_answer_resets_the_count_so_a_slow_server_is_not_declared():
     with FakeJudgeServer(reply=SILENT) as server:
         server.script(*[SILENT, Reply()] * 3)  # Reply(): the generated, valid completion
         # A timeout a loaded machine cannot miss for an answer that comes at once.
-        judge = judge_for(server, concurrency=1, max_retries=1, unreachable_after=3, timeout=1.0)
+        # outage_budget=0: the count alone decides (a judge that answered before and then goes
+        # silent is otherwise waited for, test_faults.py's outage tests)
+        judge = judge_for(server, concurrency=1, max_retries=1, unreachable_after=3, timeout=1.0, outage_budget=0)
         items = [ClaimsItem(f"Row {i}: bikes cost 7 euros.", PASSAGES) for i in range(6)]
         with pytest.raises(JudgeUnreachable, match="3 consecutive timeouts"):
             judge.extract_and_verify(items)
