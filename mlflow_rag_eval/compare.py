@@ -136,9 +136,11 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
     """Read a run's per-row table, params and metric directions from the tracking store."""
     import mlflow
 
+    from mlflow_rag_eval.tracking.search import is_evaluation_run
+
     client = client or mlflow.MlflowClient()
     run = client.get_run(run_id)
-    if run.data.tags.get("rag_eval.evaluated") != "true":
+    if not is_evaluation_run(run):  # by its params: a tag can be deleted
         if run.data.tags.get("rag_eval.route") == "extra_metrics":
             raise NotComparable(
                 f"run {run_id} was evaluated through extra_metrics, which MLflow's default evaluator logs "

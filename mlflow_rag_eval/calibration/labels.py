@@ -130,7 +130,9 @@ def labels_from_run(run_id: str, metric: str = "faithfulness", *, label_name: st
     client = client or mlflow.MlflowClient()
     run = client.get_run(run_id)
     params = run.data.params
-    if run.data.tags.get("rag_eval.evaluated") != "true":
+    from mlflow_rag_eval.tracking.search import is_evaluation_run
+
+    if not is_evaluation_run(run):  # by its params: a tag can be deleted
         raise ValueError(f"run {run_id} holds no rag evaluation")
     key = metric_key(metric)
     label_name = label_name or key

@@ -4,13 +4,19 @@ Calibrations are found by MLflow search on tags across every active experiment; 
 evaluations only where the registry points:
 
 - a version's evaluations are its own (:func:`evaluation_runs`): ``mv.run_id`` when it is an
-  evaluation, else the runs of the version's logged model (``mv.model_id`` or its
+  evaluation, and the runs of the version's logged model (``mv.model_id`` or its
   ``models:/<id>`` source) in that model's experiment which name it as their model input;
 - calibrations: ``tags.`rag_eval.calibration` = 'true'`` with the metric, the judge
   fingerprint and the prompts version as tags.
 
+Which runs evaluated a version is decided only from what MLflow lets no one change: a run's
+params (an evaluation logs ``rag_eval.metrics`` and ``rag_eval.dataset_digest`` as params,
+:func:`is_evaluation_run`), its inputs (the logged model it evaluated) and the version's
+``run_id``. Tags (``rag_eval.evaluated``, ``rag_eval.model_id``) are for people to read: any
+writer of the experiment can delete or rewrite them, which used to choose the evidence.
+
 Newest first (``attributes.start_time DESC``). Calibrations leave failed and killed runs out.
-A version's evaluations are every run that says it evaluated the version, whatever its state
+A version's evaluations are every run that evaluated the version, whatever its state
 (deleted, in a deleted experiment, failed, killed, still running): the gate judges the newest
 and refuses it when it is no finished, live run (:func:`unusable_state`), rather than quietly
 judging an older one. Otherwise deleting or failing the newest evaluation would choose which
@@ -24,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "CALIBRATION_TAG", "GATED_ALIAS_TAG", "UnsearchableValue", "gated_alias_holder", "calibration_records", "champion_version", "evaluation_runs",
-    "find_calibration",
+    "find_calibration", "is_evaluation_run",
     "model_aliases", "model_id_of", "search_all_experiments", "unusable_state",
 ]
 
@@ -90,55 +96,73 @@ def model_id_of(mv) -> str | None:
 
 def _on_digest(run, dataset_digest: str | None) -> bool:
     """Whether ``run`` evaluated the dataset ``dataset_digest`` (None: any), by its param, which
-    cannot change once logged (its tag can)."""
-    if not dataset_digest:
-        return True
-    params, tags = run.data.params, run.data.tags
-    return params.get("rag_eval.dataset_digest", tags.get("rag_eval.dataset_digest")) == dataset_digest
+    cannot change once logged (a tag can)."""
+    return not dataset_digest or run.data.params.get("rag_eval.dataset_digest") == dataset_digest
 
 
-def _is_evaluation(run) -> bool:
-    return run.data.tags.get("rag_eval.evaluated") == "true"
+#: the params every evaluation logs (:mod:`mlflow_rag_eval.tracking.run_logging`), on every route
+EVALUATION_PARAMS = ("rag_eval.metrics", "rag_eval.dataset_digest")
+
+
+def is_evaluation_run(run) -> bool:
+    """Whether ``run`` holds a rag evaluation, by its params (immutable once logged), never by
+    its ``rag_eval.evaluated`` tag, which anyone who can write to the run can delete."""
+    return all(run.data.params.get(name) for name in EVALUATION_PARAMS)
 
 
 def evaluation_runs(client, mv, dataset_digest: str | None = None) -> list:
     """The version's own evaluation runs, newest first, optionally only on one dataset digest
     (by param); in every state (see the module docstring): the caller checks :func:`unusable_state`.
 
-    A version's own run is named by the registry, never chosen by a search across experiments:
+    A version's own runs are named by the registry and by what no one can edit, never chosen by
+    a search across experiments or by tags:
 
     1. ``mv.run_id``, when that run is an evaluation (a version registered from its evaluation run);
-    2. else the logged model's: its ``source_run_id`` when that run is an evaluation, else the
-       evaluation runs *in the logged model's experiment* that name it as their model input (the
-       evaluator logs ``LoggedModelInput`` and tags ``rag_eval.model_id``). A run elsewhere that
-       claims the model by tag is not the version's, however it is tagged.
+    2. the logged model's evaluations: its ``source_run_id`` when that run is an evaluation, and
+       the evaluation runs (by params) *in the logged model's experiment* whose run inputs name
+       the model (the evaluator logs ``LoggedModelInput``; inputs cannot be removed). A run
+       elsewhere is not the version's, however it is tagged; a run of the experiment whose
+       ``rag_eval.model_id`` tag was deleted or rewritten still is.
     """
+    runs: dict[str, Any] = {}
     if mv.run_id:
         run = client.get_run(mv.run_id)
-        if _is_evaluation(run):
-            return [run] if _on_digest(run, dataset_digest) else []
+        if is_evaluation_run(run):
+            runs[run.info.run_id] = run
     model_id = model_id_of(mv)
-    if not model_id:
-        return []
-    model = client.get_logged_model(model_id)
-    source = getattr(model, "source_run_id", None)
-    if source and source != mv.run_id:
-        run = client.get_run(source)
-        if _is_evaluation(run):
-            return [run] if _on_digest(run, dataset_digest) else []
+    if model_id:
+        model = client.get_logged_model(model_id)
+        source = getattr(model, "source_run_id", None)
+        if source and source not in runs:
+            run = client.get_run(source)
+            if is_evaluation_run(run):
+                runs[source] = run
+        for run in _model_input_runs(client, model.experiment_id, model_id, dataset_digest):
+            runs.setdefault(run.info.run_id, run)
+    found = [r for r in runs.values() if _on_digest(r, dataset_digest)]
+    return sorted(found, key=lambda r: r.info.start_time or 0, reverse=True)
+
+
+def _model_input_runs(client, experiment_id: str, model_id: str, dataset_digest: str | None) -> list:
+    """The evaluation runs (by params) of ``experiment_id``, in every state, whose inputs name
+    the logged model ``model_id``."""
     from mlflow.entities import ViewType
 
-    found = client.search_runs(
-        [model.experiment_id],
-        f"tags.`rag_eval.model_id` = {_literal(model_id)} and tags.`rag_eval.evaluated` = 'true'",
-        run_view_type=ViewType.ALL, max_results=50, order_by=["attributes.start_time DESC"])
-    runs = []
-    for hit in found:
-        run = client.get_run(hit.info.run_id)  # search results leave the run's model inputs out
-        inputs = getattr(run.inputs, "model_inputs", None) or []
-        if any(i.model_id == model_id for i in inputs) and _on_digest(run, dataset_digest):
-            runs.append(run)
-    return sorted(runs, key=lambda r: r.info.start_time or 0, reverse=True)
+    wanted = (f"params.`rag_eval.dataset_digest` = {_literal(dataset_digest)}" if dataset_digest
+              else "params.`rag_eval.metrics` LIKE '%'")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], wanted, run_view_type=ViewType.ALL, max_results=500,
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        for hit in page:
+            if not is_evaluation_run(hit):
+                continue
+            run = client.get_run(hit.info.run_id)  # search results leave the run's model inputs out
+            if any(i.model_id == model_id for i in getattr(run.inputs, "model_inputs", None) or []):
+                runs.append(run)
+        token = page.token
+        if not token:
+            return runs
 
 
 def model_aliases(client, model: str) -> dict[str, str]:
