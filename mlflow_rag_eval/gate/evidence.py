@@ -7,8 +7,10 @@ seals its artifacts in params (:mod:`mlflow_rag_eval.tracking.seal`). Before dec
 1. checks the rows table, the slice table and the lineage it read against the sealed sha256
    digests: a table copied from another run, slices or a lineage edited afterwards are refused;
 2. checks the table's trace ids against the run's own traces: each row of an evaluation is a
-   trace of its run, so a table made of another run's rows is refused even where no seal
-   exists;
+   trace of its run, so a table made of another run's rows (a trace id that exists under another
+   run) is refused even where no seal exists. A trace id that exists nowhere was deleted (a
+   retention job: MLflow's ``delete_traces``): counted and shown in the notes, and passing when
+   the table's seal holds; ``require_traces: true`` refuses it, and so does an unsealed run;
 3. takes each metric's direction from the metric registry (built-in metrics), else from the
    seal; a lineage (or a seal) that disagrees with the registry is refused: a direction decides
    which way a delta counts.
@@ -78,18 +80,52 @@ def _check_digest(run_id: str, what: str, actual: str | None, sealed: str) -> No
                          "afterwards; evaluate the version again")
 
 
-def _check_trace_ids(client, run, evaluation) -> None:
+def _trace_exists(client, trace_id: str) -> bool:
+    """Whether a trace of that id exists anywhere in the store (False: deleted)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_trace(trace_id, display=False)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            return False
+        raise
+    return True
+
+
+def _check_trace_ids(client, run, evaluation, *, sealed: bool, require_traces: bool) -> list[str]:
+    """Refuse a table whose trace ids are another run's; count those that exist nowhere.
+
+    Each row of an evaluation is a trace of its run. A trace id the run does not have is either
+    a trace of another run (the table holds another run's rows: refused), or a trace that no
+    longer exists (a retention job, MLflow's ``delete_traces``): those are counted and shown,
+    and pass when the table's seal binds it (``require_traces`` refuses them; an unsealed run,
+    which its traces alone bind, is refused too). Returns the notes."""
     table = evaluation.table
     if "trace_id" not in table:
-        return
+        return []
     listed = [str(t) for t in table["trace_id"] if isinstance(t, str) and t]
     if not listed:
-        return  # logged without traces (log_traces=False): the seal alone binds the table
+        return []  # logged without traces (log_traces=False): the seal alone binds the table
     own = run_trace_ids(client, run)
-    foreign = [t for t in listed if t not in own]
-    if foreign:
-        raise AlteredRun(f"run {run.info.run_id}: {len(foreign)} of the {len(listed)} trace ids of its rows table "
-                         f"are not traces of the run (first: {foreign[0]}): the table holds another run's rows")
+    missing = [t for t in listed if t not in own]
+    if not missing:
+        return []
+    run_id = run.info.run_id
+    for trace_id in missing:
+        if _trace_exists(client, trace_id):
+            raise AlteredRun(f"run {run_id}: {len(missing)} of the {len(listed)} trace ids of its rows table are not "
+                             f"traces of the run, and {trace_id} is a trace of another run: the table holds another "
+                             "run's rows")
+    deleted = f"{len(missing)} of the {len(listed)} trace ids of its rows table (first: {missing[0]}) are deleted " \
+              "(retention: they exist nowhere in the store)"
+    if require_traces:
+        raise AlteredRun(f"run {run_id}: {deleted}, and the policy says require_traces: true; evaluate the version "
+                         "again")
+    if not sealed:
+        raise AlteredRun(f"run {run_id}: {deleted}, and the run has no seal to bind its table instead (it was "
+                         "logged before evaluations were sealed); evaluate the version again")
+    return [f"run {run_id}: {deleted}; its table is bound by its seal (require_traces: true refuses it)"]
 
 
 def _directions(run_id: str, lineage: dict[str, bool], sealed: dict[str, bool] | None) -> dict[str, bool]:
@@ -112,14 +148,15 @@ def _directions(run_id: str, lineage: dict[str, bool], sealed: dict[str, bool] |
     return out
 
 
-def verify_evidence(client, run, evaluation, *, require_seal: bool = False):
+def verify_evidence(client, run, evaluation, *, require_seal: bool = False, require_traces: bool = False):
     """``evaluation`` (:func:`~mlflow_rag_eval.compare.load_evaluation` of ``run``) checked as
     the module docstring says, with its directions replaced by the verified ones; and the notes
     for the decision (the one-line notice of an unsealed run).
 
     Raises:
         AlteredRun: an artifact that is not the sealed one, rows of another run, a direction
-            that disagrees with the registry, or (``require_seal``) a run without a seal.
+            that disagrees with the registry, (``require_seal``) a run without a seal, or
+            (``require_traces``, or an unsealed run) trace ids that no longer exist.
     """
     from mlflow_rag_eval.tracking.run_logging import LINEAGE_FILE, SLICES_FILE  # imports MLflow
 
@@ -145,7 +182,7 @@ def verify_evidence(client, run, evaluation, *, require_seal: bool = False):
     else:
         notes.append(f"run {run_id} was logged before evaluations were sealed: its table, slices and lineage are "
                      "checked against its traces, metrics and the metric registry only (require_seal: true refuses it)")
-    _check_trace_ids(client, run, evaluation)
+    notes += _check_trace_ids(client, run, evaluation, sealed=seal.ROWS in params, require_traces=require_traces)
     directions = _directions(run_id, dict(evaluation.greater_is_better), sealed_directions)
     return dataclasses.replace(evaluation, greater_is_better=directions), notes
 
