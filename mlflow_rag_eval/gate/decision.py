@@ -2,13 +2,16 @@
 
 Steps of :func:`gate`:
 
-1. find the candidate version's own evaluation run (:func:`~mlflow_rag_eval.tracking.search.evaluation_runs`:
-   ``mv.run_id``, else its logged model's runs in that model's experiment, never a run elsewhere
-   that claims the model by tag): the newest on the policy's ``dataset_digest`` (by param), else
-   its newest; none -> exit 2. The newest is the one judged, whatever its state: deleted, FAILED,
-   KILLED, still RUNNING or SCHEDULED -> exit 2 naming it (an older finished run is not judged in
-   its place: deleting or failing the newest evaluation would choose the evidence); so is one
-   that started after the gate's clock (beyond :data:`CLOCK_SKEW_S`), unless it is deleted;
+1. find the candidate version's evaluation runs (:func:`~mlflow_rag_eval.tracking.search.evaluation_runs`:
+   ``mv.run_id`` and its logged model's runs in that model's experiment, known by their params
+   and run inputs, never by tags), on the policy's ``dataset_digest`` (by param); none -> exit 2.
+   The one judged is the newest (``evidence: version-run``: the run the version was registered
+   from), whatever its state: deleted, FAILED, KILLED, still RUNNING or SCHEDULED -> exit 2
+   naming it (an older finished run is not judged in its place: deleting or failing the newest
+   evaluation would choose the evidence); so is one that started after the gate's clock (beyond
+   :data:`~mlflow_rag_eval.gate.selection.CLOCK_SKEW_S`), unless it is deleted. Under the
+   default ``evidence: agreeing``, the other finished evaluations by the same judge must agree
+   with it, else exit 2 naming the runs (:mod:`~mlflow_rag_eval.gate.selection`);
 2. find the champion (the version holding ``champion_alias``). When no version holds it but the
    gate gave the alias to a version (registered model tag ``rag_eval.gate.alias.<alias>``), that
    version was deleted or the alias removed: exit 2 unless ``first_version`` (fail closed).
@@ -17,8 +20,10 @@ Steps of :func:`gate`:
    calibration only; if the model has other aliases, the alias is taken for a typo and the
    input is unusable (exit 2, naming the aliases that exist), because a mistyped alias would
    otherwise skip the regression check and promote a worse version. The champion's
-   evaluation must be on the candidate's dataset digest (else exit 2); among those, the newest
-   by the same judge is preferred, and it must be a finished, live run as the candidate's;
+   evaluation must be on the candidate's dataset digest (else exit 2); among those, the one
+   judged by the same judge is preferred, chosen and checked by the same evidence rule as the
+   candidate's. With a champion and no ``max_regression``, the candidate is refused unless the
+   policy says ``regression: none``;
 3. a different judge fingerprint or prompts version refuses the candidate (exit 1, "judge
    changed") unless ``allow_judge_change``, which the decision then records;
 4. the evidence (:mod:`~mlflow_rag_eval.gate.evidence`): each run's rows table, slices and
@@ -35,12 +40,14 @@ Steps of :func:`gate`:
    (recomputed from its labels); PPI figures are recomputed from the runs' human labels;
 6. record (``record=True``): ``rag_eval/gate_decision.json`` (and a timestamped copy under
    ``rag_eval/gate_decisions/``) and ``rag_eval.gate*`` tags on the candidate's evaluation run;
-   model-version tags ``rag_eval.gate`` (passed|failed), ``rag_eval.gate_run_id``,
+   model-version tags ``rag_eval.gate`` (failed; on a pass ``pending`` until the alias moved, then
+   ``passed``, or ``aborted``), ``rag_eval.gate_run_id``,
    ``rag_eval.gate_policy_sha256``, ``rag_eval.gate_decided_at``; on a pass, alias
    ``previous_<alias>`` to the old champion, then ``<alias>`` to the candidate, and the registered
    model tag ``rag_eval.gate.alias.<alias>``. On a fail the aliases stay. All of it under the
-   model's promotion lease, and only if the alias still points where the decision read it
-   (:mod:`~mlflow_rag_eval.gate.promotion`): else exit 2 naming the winner, nothing recorded.
+   model's promotion lease, and only if the alias still points where the decision read it, re-read
+   right before the move (:func:`~mlflow_rag_eval.gate.promotion.record_decision`): else exit 2
+   naming who holds it now; the alias is never overwritten.
    Unusable input (exit 2) records nothing: no decision was made.
 
 Exit codes: 0 passed, 1 refused, 2 unusable input (bad or empty policy, missing version or
@@ -52,8 +59,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,13 +76,26 @@ from mlflow_rag_eval.gate.checks import (
 )
 from mlflow_rag_eval.gate.evidence import recompute_ppi, verify_evidence
 from mlflow_rag_eval.gate.policy import GatePolicy, PolicyError, load_policy
-from mlflow_rag_eval.gate.promotion import PromotionConflict, promotion_lease
+from mlflow_rag_eval.gate.promotion import (
+    DECISION_FILE,
+    DECISIONS_DIR,
+    PromotionConflict,
+    promotion_lease,
+    record_decision,
+)
+from mlflow_rag_eval.gate.selection import (
+    Unusable,
+    dated,
+    judged_run,
+    peers,
+    refuse_disagreeing,
+    refuse_future,
+    refuse_unusable,
+)
 from mlflow_rag_eval.tracking import search as lookup
 
-__all__ = ["DECISION_FILE", "GateDecision", "gate"]
+__all__ = ["DECISION_FILE", "DECISIONS_DIR", "GateDecision", "gate"]
 
-DECISION_FILE = "rag_eval/gate_decision.json"
-DECISIONS_DIR = "rag_eval/gate_decisions"
 
 
 @dataclass
@@ -108,6 +126,11 @@ class GateDecision:
     #: the rows the figures of this decision were recomputed from
     rows_table_sha256: dict[str, str | None] = field(default_factory=dict)
     decided_at: str = ""
+    #: the version holding ``champion_alias`` when the gate read it (the candidate itself, when
+    #: it already holds it; None when no version does)
+    alias_holder: str | None = None
+    #: which comparison with the champion ran (the header's ``regression:`` line)
+    regression: str = ""
 
     @property
     def verdict(self) -> str:
@@ -123,18 +146,30 @@ class GateDecision:
         out["schema_version"] = 1
         return out
 
+    def champion_line(self) -> str:
+        """Who holds the champion alias, as the header says it."""
+        alias = self.champion_alias
+        if self.champion_version is not None:
+            run = f"; run {self.champion_run_id}" if self.champion_run_id else ""
+            return f"v{self.champion_version} (holds alias {alias!r}{run})"
+        if self.alias_holder is not None and self.alias_holder == self.candidate_version:
+            return f"none to compare with: the candidate v{self.candidate_version} already holds alias {alias!r}"
+        if self.alias_holder is not None:
+            return f"v{self.alias_holder} holds alias {alias!r} (not compared: the gate stopped before)"
+        return f"none (first version: no version holds alias {alias!r})"
+
     def to_text(self) -> str:
-        champion = "none (first version)" if self.champion_version is None else (
-            f"v{self.champion_version} (alias {self.champion_alias!r}, run {self.champion_run_id})")
         lines = [
             f"GATE {self.verdict.upper()}: {self.model} v{self.candidate_version} (exit {self.exit_code})",
-            f"candidate run: {self.candidate_run_id or '-'}   champion: {champion}",
+            f"candidate run: {self.candidate_run_id or '-'}   champion: {self.champion_line()}",
             f"dataset digest: {self.dataset_digest or '-'}   judge: {self.judges.get('candidate') or '-'} "
             f"(fingerprint {self.judge_fingerprints.get('candidate') or '-'}, "
             f"prompts {self.prompts_versions.get('candidate') or '-'})"
             + ("   allow_judge_change: yes" if self.allow_judge_change else ""),
             f"policy sha256: {self.policy_hash or '-'}",
         ]
+        if self.regression:
+            lines.insert(3, f"regression check: {self.regression}")
         if self.checks:
             lines += ["", table(self.checks)]
         details = [f"  {c.metric} {c.label}: {c.detail}" for c in self.checks if c.detail]
@@ -176,7 +211,7 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
     try:
         client = client or mlflow.MlflowClient()  # a tracking URI it cannot use raises here
         champion = _decide(decision, policy, client, first_version)
-    except _Unusable as exc:
+    except Unusable as exc:
         decision.reasons.append(str(exc))
         return decision
     except (lookup.UnsearchableValue, mlflow.exceptions.MlflowException) as exc:
@@ -187,11 +222,12 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
         return decision
     if record:  # unusable input (exit 2) returned above: it records nothing
         try:
-            with promotion_lease(client, decision.model, decision.candidate_version):
-                _refuse_stale(client, decision)
-                _record(client, decision, champion)
-        except PromotionConflict as exc:  # another gate won: this decision is stale, and not recorded
-            decision.reasons = [f"{exc}; this decision was not recorded: gate v{decision.candidate_version} again"]
+            with promotion_lease(client, decision.model, decision.candidate_version, notes=decision.notes):
+                record_decision(client, decision, champion)
+        except PromotionConflict as exc:  # another gate or a person moved the alias: this decision is stale
+            done = (f"the alias was not moved; v{decision.candidate_version} is tagged rag_eval.gate=aborted"
+                    if exc.recorded else "this decision was not recorded")
+            decision.reasons = [f"{exc}; {done}: gate v{decision.candidate_version} again"]
             decision.passed, decision.exit_code = False, 2
         except mlflow.exceptions.MlflowException as exc:
             decision.reasons = [f"cannot record the decision: {' '.join(str(exc.message).split())}"]
@@ -199,39 +235,23 @@ def gate(model: str, candidate_version: str | int, policy: GatePolicy | dict | s
     return decision
 
 
-def _refuse_stale(client, decision: GateDecision) -> None:
-    """Compare-and-swap: the alias must still point where the decision read it."""
-    current = lookup.champion_version(client, decision.model, decision.champion_alias)
-    now = None if current is None else str(current.version)
-    read = decision.champion_version
-    if now == read or (read is None and now == decision.candidate_version):
-        return
-    winner = "no version" if now is None else f"v{now}"
-    if current is not None and current.tags.get("rag_eval.gate_decided_at"):
-        winner += f" (promoted by the gate at {current.tags['rag_eval.gate_decided_at']})"
-    was = "no version" if read is None else f"v{read}"
-    raise PromotionConflict(f"alias {decision.champion_alias!r} of {decision.model!r} moved to {winner} while this "
-                            f"gate decided against {was}")
-
-
-class _Unusable(Exception):
-    """The gate cannot decide on this input (exit 2); the message says why."""
-
-
 def _decide(decision: GateDecision, policy, client, first_version: bool):
     """Fill ``decision`` with its checks and verdict (exit 0/1); returns the champion version.
-    Raises :class:`_Unusable` for input it cannot decide on."""
+    Raises :class:`Unusable` for input it cannot decide on."""
     try:
         policy = load_policy(policy)
     except PolicyError as exc:
-        raise _Unusable(str(exc)) from None
+        raise Unusable(str(exc)) from None
     decision.policy, decision.policy_hash = policy.as_dict(), policy.policy_hash
     if policy.model is not None and policy.model != decision.model:
-        raise _Unusable(f"the policy is for model {policy.model!r}, not {decision.model!r}")
-    mv, candidate_run = _candidate(decision, policy, client)
-    champion, champion_run = _champion(decision, client, mv, candidate_run, first_version)
-    candidate, champion_eval = _evaluations(decision, policy, client, candidate_run, champion_run)
+        raise Unusable(f"the policy is for model {policy.model!r}, not {decision.model!r}")
+    mv, candidate_run, candidate_peers = _candidate(decision, policy, client)
+    champion, champion_run, champion_peers = _champion(decision, policy, client, mv, candidate_run, first_version)
+    candidate, champion_eval = _evaluations(decision, policy, client,
+                                            {"candidate": candidate_run, "champion": champion_run},
+                                            {"candidate": candidate_peers, "champion": champion_peers})
     figures = _verified(decision, policy, candidate, champion_eval)
+    _refuse_misnamed(policy, candidate)
     identity = candidate.identity
     decision.judges["candidate"] = candidate.params.get("rag_eval.judge")
     decision.judge_fingerprints["candidate"] = identity["judge fingerprint"]
@@ -241,6 +261,7 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
         checks += slice_checks(candidate.slices, policy)
     if champion_eval is not None:
         checks = _champion_checks(decision, policy, checks, champion_eval, candidate)
+    checks += _regression_stated(decision, policy)
     checks += _calibration_checks(client, policy, identity)
     order = {m: i for i, m in enumerate(["*", *policy.gated_metrics])}
     decision.checks = sorted(checks, key=lambda c: order.get(c.metric, len(order)))  # stable: by metric
@@ -251,75 +272,71 @@ def _decide(decision: GateDecision, policy, client, first_version: bool):
 
 
 def _candidate(decision: GateDecision, policy: GatePolicy, client):
-    """The candidate's model version and its newest evaluation run (on the policy's digest)."""
+    """The candidate's model version, the evaluation run judged (by the policy's ``evidence``
+    rule, on its ``dataset_digest``), and the runs that must agree with it."""
     import mlflow
 
     model, version = decision.model, decision.candidate_version
     try:
         mv = client.get_model_version(model, str(version))
     except mlflow.exceptions.MlflowException as exc:
-        raise _Unusable(f"model version {model} v{version} not found: {exc.message}") from None
-    runs = _dated(lookup.evaluation_runs(client, mv, policy.dataset_digest))
-    if not runs:
+        raise Unusable(f"model version {model} v{version} not found: {exc.message}") from None
+    runs = dated(lookup.evaluation_runs(client, mv, policy.dataset_digest))
+    run = judged_run(runs, mv, policy.evidence, model)
+    if run is None:
         on = f" on dataset digest {policy.dataset_digest}" if policy.dataset_digest else ""
-        raise _Unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
-                        f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
-    run = runs[0]
+        raise Unusable(f"no evaluation run{on} for {model} v{mv.version} (logged model "
+                       f"{lookup.model_id_of(mv) or '-'}, run {mv.run_id or '-'}); evaluate it first")
     decision.candidate_run_id = run.info.run_id
-    _refuse_unusable(run, f"the newest evaluation run {run.info.run_id} of {model} v{mv.version}", mv.version)
-    _refuse_future(run, f"the newest evaluation run {run.info.run_id} of {model} v{mv.version}")
-    decision.dataset_digest = run.data.params.get("rag_eval.dataset_digest",
-                                                  run.data.tags.get("rag_eval.dataset_digest"))
-    return mv, run
+    what = f"the {_which(policy)} evaluation run {run.info.run_id} of {model} v{mv.version}"
+    refuse_unusable(run, what, mv.version)
+    refuse_future(run, what)
+    decision.dataset_digest = run.data.params.get("rag_eval.dataset_digest")
+    return mv, run, peers(runs, run, policy.evidence)
 
 
-#: how far ahead of the gate's clock a run may have started (clocks of two machines disagree)
-CLOCK_SKEW_S = 60
+def _which(policy: GatePolicy) -> str:
+    """The run judged, as a reason names it: ``newest``, or ``registered`` (``version-run``)."""
+    return "registered" if policy.evidence == "version-run" else "newest"
 
 
-def _in_future(run) -> bool:
-    return (run.info.start_time or 0) > (time.time() + CLOCK_SKEW_S) * 1000
+def _champion(decision: GateDecision, policy: GatePolicy, client, mv, candidate_run, first_version: bool):
+    """The champion version, its evaluation judged on the candidate's dataset, and the runs that
+    must agree with it ((None, None, []) for a first version)."""
+    champion = _champion_version(decision, client, mv, first_version)
+    if champion is None:
+        return None, None, []
+    model = decision.model
+    decision.champion_version = str(champion.version)
+    digest = decision.dataset_digest
+    runs = dated(lookup.evaluation_runs(client, champion, digest))
+    if not runs:
+        others = {r.data.params.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
+        raise Unusable(
+            f"dataset digest mismatch: the champion v{champion.version} has no evaluation on the "
+            f"candidate's dataset {digest} (its evaluations: {sorted(d for d in others if d) or 'none'}); "
+            "evaluate both on the same golden set")
+    fp = candidate_run.data.params.get("rag_eval.judge_fingerprint")
+    same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
+    champion_run = judged_run(same_judge or runs, champion, policy.evidence, model)
+    if champion_run is None:  # version-run: its own run is by another judge
+        champion_run = judged_run(runs, champion, policy.evidence, model)
+    decision.champion_run_id = champion_run.info.run_id
+    what = f"the champion's evaluation run {champion_run.info.run_id} of {model} v{champion.version}"
+    refuse_unusable(champion_run, what, champion.version)
+    refuse_future(champion_run, what)
+    return champion, champion_run, peers(runs, champion_run, policy.evidence)
 
 
-def _dated(runs: list) -> list:
-    """``runs`` (newest first) without the deleted ones dated in the future: a run dated ahead of
-    the gate's clock would be the newest for as long as the date is ahead, so deleting it is how
-    its owner lets the gate judge the others."""
-    return [r for r in runs if not (_in_future(r) and r.info.lifecycle_stage != "active")]
-
-
-def _refuse_future(run, what: str) -> None:
-    """Exit 2 for a run that started after the gate's clock (beyond :data:`CLOCK_SKEW_S`): the
-    newest run is the one judged, and a start time set ahead would choose the evidence."""
-    if _in_future(run):
-        started = _dt.datetime.fromtimestamp(run.info.start_time / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
-        raise _Unusable(f"{what} started at {started}, after this gate's clock ({_now()[:19]}Z): a run dated in "
-                        "the future would be the newest, and judged, until that date; fix the clock of the "
-                        "machine that evaluated it, delete the run (MlflowClient().delete_run) and evaluate again")
-
-
-def _refuse_unusable(run, what: str, version) -> None:
-    """Exit 2 when ``run`` is not a finished, live run: its table and figures may be partial
-    (RUNNING: killed before it ended), or someone said they do not count (deleted, FAILED)."""
-    state = lookup.unusable_state(run)
-    if state is None:
-        return
-    way_out = {"deleted": f"restore it (MlflowClient().restore_run) or evaluate v{version} again",
-               "RUNNING": f"wait for it to end, or evaluate v{version} again if its process died",
-               "SCHEDULED": f"wait for it to end, or evaluate v{version} again if its process died"}
-    key = "deleted" if run.info.lifecycle_stage != "active" else run.info.status
-    raise _Unusable(f"{what} is {state}: the gate decides only on finished, live evaluation runs; "
-                    f"{way_out.get(key, f'evaluate v{version} again')}")
-
-
-def _champion(decision: GateDecision, client, mv, candidate_run, first_version: bool):
-    """The champion version and its evaluation on the candidate's dataset (None, None for a
-    first version)."""
+def _champion_version(decision: GateDecision, client, mv, first_version: bool):
+    """The version holding the champion alias, None for a first version (or when the candidate
+    holds it); the holder is recorded either way (``alias_holder``)."""
     model, alias = decision.model, decision.champion_alias
     champion = lookup.champion_version(client, model, alias)
+    decision.alias_holder = None if champion is None else str(champion.version)
     recorded = lookup.gated_alias_holder(client, model, alias) if champion is None else None
     if recorded is not None and not first_version:
-        raise _Unusable(
+        raise Unusable(
             f"no version holds alias {alias!r} of {model!r}, but the gate gave it to v{recorded} (registered model "
             f"tag {lookup.GATED_ALIAS_TAG}.{alias}): v{recorded} was deleted or the alias removed, and judging the "
             "candidate as a first version would skip the comparison with the champion; set the alias on the "
@@ -328,62 +345,44 @@ def _champion(decision: GateDecision, client, mv, candidate_run, first_version: 
     if champion is None:
         others = sorted(a for a in lookup.model_aliases(client, model) if a != alias)
         if others and not first_version:
-            raise _Unusable(
+            raise Unusable(
                 f"alias {alias!r} is not set on model {model!r}, whose aliases are "
                 f"{', '.join(others)}: a mistyped alias would skip the comparison with the champion; "
                 "name the alias that marks the champion, or, if no version has held it yet, "
                 "pass first_version / --first-version")
     elif first_version:  # the candidate itself holding the alias is no first version either
         itself = " (the candidate itself)" if str(champion.version) == str(mv.version) else ""
-        raise _Unusable(f"first_version was asked, but v{champion.version}{itself} holds alias {alias!r}")
+        raise Unusable(f"first_version was asked, but v{champion.version}{itself} holds alias {alias!r}")
     if champion is not None and str(champion.version) == str(mv.version):
         decision.notes.append(f"v{mv.version} already holds alias {alias!r}: no champion to compare with")
-        champion = None
+        return None
     if champion is None:
         asked = " (first_version asked by the caller)" if first_version else ""
         decision.notes.append(f"no champion under alias {alias!r}{asked}: judged on required "
                               "metrics, rows, error rate, floors/ceilings and calibration only")
-        return None, None
-    decision.champion_version = str(champion.version)
-    digest = decision.dataset_digest
-    runs = _dated(lookup.evaluation_runs(client, champion, digest))
-    if not runs:
-        others = {r.data.tags.get("rag_eval.dataset_digest") for r in lookup.evaluation_runs(client, champion)}
-        raise _Unusable(
-            f"dataset digest mismatch: the champion v{champion.version} has no evaluation on the "
-            f"candidate's dataset {digest} (its evaluations: {sorted(d for d in others if d) or 'none'}); "
-            "evaluate both on the same golden set")
-    fp = candidate_run.data.params.get("rag_eval.judge_fingerprint")
-    same_judge = [r for r in runs if r.data.params.get("rag_eval.judge_fingerprint") == fp]
-    champion_run = (same_judge or runs)[0]
-    decision.champion_run_id = champion_run.info.run_id
-    what = f"the champion's evaluation run {champion_run.info.run_id} of {model} v{champion.version}"
-    _refuse_unusable(champion_run, what, champion.version)
-    _refuse_future(champion_run, what)
-    return champion, champion_run
+    return champion
 
 
-def _evaluations(decision: GateDecision, policy: GatePolicy, client, candidate_run, champion_run):
+def _evaluations(decision: GateDecision, policy: GatePolicy, client, judged: dict, others: dict):
     """The per-row evaluations of the candidate and (if any) the champion, each checked
     against its seal and its traces, with the directions of the metric registry
-    (:func:`~mlflow_rag_eval.gate.evidence.verify_evidence`)."""
-    import mlflow
+    (:func:`~mlflow_rag_eval.gate.evidence.verify_evidence`); the other evaluations of each
+    (``others``, under ``evidence: agreeing``) checked the same way, and refused when they
+    disagree with the one judged (:func:`~mlflow_rag_eval.gate.selection.refuse_disagreeing`).
 
-    from mlflow_rag_eval.compare import NotComparable, load_evaluation
-
-    try:
-        candidate = load_evaluation(candidate_run.info.run_id, client)
-        champion = load_evaluation(champion_run.info.run_id, client) if champion_run else None
-    except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
-        raise _Unusable(f"cannot read an evaluation run: {exc}") from None
-    try:
-        candidate, notes = verify_evidence(client, candidate_run, candidate, require_seal=policy.require_seal)
-        decision.notes += notes
-        if champion is not None:
-            champion, notes = verify_evidence(client, champion_run, champion, require_seal=policy.require_seal)
-            decision.notes += notes
-    except AlteredRun as exc:
-        raise _Unusable(str(exc)) from None
+    ``judged``: ``{"candidate": run, "champion": run or None}``; ``others``: the same keys,
+    each a list of runs."""
+    loaded = {}
+    for who, run in judged.items():
+        if run is None:
+            loaded[who] = None
+            continue
+        loaded[who] = _verified_evaluation(decision, policy, client, run)
+        version = decision.candidate_version if who == "candidate" else decision.champion_version
+        peers_loaded = [_verified_evaluation(decision, policy, client, peer, notes=False) for peer in others[who]]
+        refuse_disagreeing(loaded[who], peers_loaded, policy.gated_metrics, policy.regression_test.confidence,
+                           f"{decision.model} v{version} (the {who})")
+    candidate, champion = loaded["candidate"], loaded["champion"]
     ppi = _ppi_metrics(policy)
     if ppi:
         confidence = policy.regression_test.confidence
@@ -393,6 +392,26 @@ def _evaluations(decision: GateDecision, policy: GatePolicy, client, candidate_r
             champion, notes = recompute_ppi(client, champion, ppi, confidence)
             decision.notes += notes
     return candidate, champion
+
+
+def _verified_evaluation(decision: GateDecision, policy: GatePolicy, client, run, *, notes: bool = True):
+    """One run's per-row evaluation, checked against its seal and traces (exit 2 otherwise)."""
+    import mlflow
+
+    from mlflow_rag_eval.compare import NotComparable, load_evaluation
+
+    try:
+        evaluation = load_evaluation(run.info.run_id, client)
+    except (NotComparable, OSError, mlflow.exceptions.MlflowException) as exc:
+        raise Unusable(f"cannot read an evaluation run: {exc}") from None
+    try:
+        evaluation, found = verify_evidence(client, run, evaluation, require_seal=policy.require_seal,
+                                            require_traces=policy.require_traces)
+    except AlteredRun as exc:
+        raise Unusable(str(exc)) from None
+    if notes:
+        decision.notes += found
+    return evaluation
 
 
 def _ppi_metrics(policy: GatePolicy) -> list[str]:
@@ -420,7 +439,50 @@ def _verified(decision: GateDecision, policy: GatePolicy, candidate, champion) -
             verified_figures(champion, policy.gated_metrics)
         return verified_figures(candidate, policy.gated_metrics, [*policy.floors, *policy.ceilings])
     except AlteredRun as exc:
-        raise _Unusable(str(exc)) from None
+        raise Unusable(str(exc)) from None
+
+
+def _refuse_misnamed(policy: GatePolicy, candidate) -> None:
+    """Exit 2 for a gated metric the evaluation did not log when it logged one of a close name
+    (``politness`` for a rubric ``politeness``): a typo in the policy, not a failing candidate.
+    Names of built-in metrics were checked when the policy was loaded."""
+    import difflib
+
+    logged = candidate.metric_keys()
+    for metric in policy.gated_metrics:
+        if metric in logged:
+            continue
+        close = difflib.get_close_matches(metric, logged, n=1, cutoff=0.8)
+        if close:
+            raise Unusable(f"gate policy: the policy names metric {metric!r}, which run {candidate.run_id} did not "
+                           f"evaluate (did you mean {close[0]!r}?): the policy cannot be used as written; "
+                           "fix the name")
+
+
+def _regression_stated(decision: GateDecision, policy: GatePolicy) -> list[Check]:
+    """Which comparison with the champion ran, for the header (``decision.regression``); and a
+    failed check when a champion exists and the policy has no regression check without saying
+    ``regression: none``: a policy of floors alone would promote a version worse than the
+    champion, with nothing said."""
+    tested = list(policy.max_regression)
+    if decision.champion_version is None:
+        holder = decision.alias_holder
+        decision.regression = ("none: the candidate already holds the alias" if holder == decision.candidate_version
+                               else "none: no champion to compare with")
+        return []
+    if tested:
+        decision.regression = (f"vs v{decision.champion_version} on {', '.join(tested)} "
+                               f"(decide_on {policy.regression_test.decide_on})")
+        return []
+    if policy.regression == "none":
+        decision.regression = f"none: the policy says regression: none (champion v{decision.champion_version})"
+        return []
+    decision.regression = "none: the policy has no max_regression"
+    return [Check("*", "regression", "none", "max_regression", False,
+                  f"v{decision.champion_version} holds alias {decision.champion_alias!r}, but the policy has no "
+                  "regression check (max_regression): floors alone would promote a version worse than the "
+                  "champion; add max_regression for the metrics that matter, or state regression: none to "
+                  "promote without comparing")]
 
 
 def _stored_rows_check(candidate_run) -> list[Check]:
@@ -500,27 +562,3 @@ def _recomputed(client, run):
         return recompute_calibration(run, client)
     except (ValueError, KeyError, OSError, mlflow.exceptions.MlflowException) as exc:
         return " ".join(str(getattr(exc, "message", exc)).split())
-
-
-def _record(client, decision: GateDecision, champion) -> None:
-    run_id, payload = decision.candidate_run_id, decision.as_dict()
-    stamp = re.sub(r"[^0-9A-Za-z]", "", decision.decided_at)
-    name = re.sub(r"[^0-9A-Za-z_.-]", "_", decision.model)
-    client.log_dict(run_id, payload, DECISION_FILE)
-    client.log_dict(run_id, payload, f"{DECISIONS_DIR}/{stamp}_{name}_v{decision.candidate_version}.json")
-    for key, value in {"rag_eval.gate": decision.verdict, "rag_eval.gate.model": decision.model,
-                       "rag_eval.gate.version": decision.candidate_version,
-                       "rag_eval.gate.decided_at": decision.decided_at}.items():
-        client.set_tag(run_id, key, value)
-    for key, value in {"rag_eval.gate": decision.verdict, "rag_eval.gate_run_id": run_id,
-                       "rag_eval.gate_policy_sha256": decision.policy_hash,
-                       "rag_eval.gate_decided_at": decision.decided_at}.items():
-        client.set_model_version_tag(decision.model, decision.candidate_version, key, value)
-    if decision.passed:
-        if champion is not None:
-            client.set_registered_model_alias(decision.model, f"previous_{decision.champion_alias}",
-                                              str(champion.version))
-        client.set_registered_model_alias(decision.model, decision.champion_alias, decision.candidate_version)
-        # what the alias should point at, should its version be deleted (see _champion)
-        client.set_registered_model_tag(decision.model, f"{lookup.GATED_ALIAS_TAG}.{decision.champion_alias}",
-                                        decision.candidate_version)

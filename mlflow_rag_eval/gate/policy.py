@@ -114,13 +114,28 @@ Floors may also name the PPI estimate (``ppi_mean``, ``ppi_ci_low``, ``ppi_ci_hi
 ``faithfulness/ppi_ci_low: 0.8`` asks that people, not the judge, would likely score the
 metric at 0.8 or more. A run without it fails that floor, like any missing statistic.
 
+A champion present and no ``max_regression``: the gate refuses the candidate (a failed check
+naming why) unless the policy says ``regression: none``; a policy of floors alone would otherwise
+promote a version worse than the champion with nothing said. The decision's header says which
+comparison ran (``regression check:``).
+
+A metric or statistic name that the metric registry does not know but is close to one of its
+names (``faithfulnes/mean``, ``faithfulness/maen``) is refused as an unusable policy (exit 2,
+with the close name); a name close to nothing may be a rubric's or an adapter's, and is checked
+against what the evaluation logged (a close name there is refused the same way).
+
+``evidence`` picks which evaluation of a version counts when it has several
+(:mod:`mlflow_rag_eval.gate.selection`): ``agreeing`` (default: they must agree, beyond noise),
+``version-run`` (only the run the version was registered from) or ``newest``.
+
 Evaluation runs logged before evaluations were sealed (no ``rag_eval.seal.*`` params, see
 :mod:`mlflow_rag_eval.gate.evidence`) still gate, with a one-line notice in the decision;
-``require_seal: true`` refuses them (exit 2).
+``require_seal: true`` refuses them (exit 2). A sealed run whose rows' traces were deleted (a
+retention job) gates with a note counting them; ``require_traces: true`` refuses it (exit 2).
 
 A policy file must be a regular file once symlinks are resolved (a FIFO, a device such as
 ``/dev/zero`` or a folder is refused, naming what it is), of at most 1 MB
-(:data:`MAX_POLICY_BYTES`), read within :data:`POLICY_READ_DEADLINE_S` seconds.
+(:data:`~mlflow_rag_eval.gate.policy_file.MAX_POLICY_BYTES`), read within :data:`~mlflow_rag_eval.gate.policy_file.POLICY_READ_DEADLINE_S` seconds.
 
 A policy file is read strictly: a key given twice in one mapping (YAML would keep the last one,
 silently: a second, lower floor would replace the one a reviewer reads) and any YAML anchor or
@@ -136,7 +151,7 @@ write_json_schema; write_json_schema()"``.
 
 from __future__ import annotations
 
-import functools
+import difflib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -155,6 +170,7 @@ from pydantic import (
     model_validator,
 )
 
+from mlflow_rag_eval.gate.policy_file import PolicyError, dotted, read_policy_text
 from mlflow_rag_eval.keys import (
     AGGREGATES,
     PPI_STATS,
@@ -180,14 +196,6 @@ _DIGEST = r"^[\w.:+-]+$"
 _AGGREGATE = rf"^.+/({'|'.join(STATS)})$"
 #: what a pattern means, for the error message
 _PATTERNS = {_DIGEST: "a dataset digest (letters, digits and . : + - _)"}
-
-
-class PolicyError(ValueError):
-    """The policy cannot be used: the message names the key at fault."""
-
-    def __init__(self, key: str, message: str):
-        self.key = key
-        super().__init__(f"gate policy: {key}: {message}")
 
 
 # bool is an int to Python; "true" as a threshold is a typo, not 1: numbers are strict.
@@ -270,6 +278,18 @@ class GatePolicy(_Strict):
         None, description="Fewest scored rows of a slice with a limit (default: min_scored_rows).")
     regression_test: RegressionTest = RegressionTest()
     calibration: CalibrationRequirement = CalibrationRequirement()
+    regression: Literal["none"] | None = Field(
+        None, description="none: promote over a champion without comparing with it. Without it, a policy with no "
+                          "max_regression refuses a candidate when a champion exists: a policy that forgot the "
+                          "regression check would promote a worse version silently.")
+    evidence: Literal["agreeing", "version-run", "newest"] = Field(
+        "agreeing", description="Which evaluation of a version counts. agreeing: all finished evaluations of it on "
+                                "the golden set by the same judge must agree (else exit 2), the newest is judged; "
+                                "version-run: only the run the version was registered from; newest: the newest, "
+                                "whatever the others say.")
+    require_traces: Annotated[bool, Strict()] = Field(
+        False, description="Refuse evaluation runs whose rows' traces were deleted (a retention job); false: a "
+                           "sealed run passes with a note counting them.")
     require_seal: Annotated[bool, Strict()] = Field(
         False, description="Refuse evaluation runs logged before evaluations were sealed (no rag_eval.seal.* "
                            "params); false: they gate, with a notice.")
@@ -281,8 +301,10 @@ class GatePolicy(_Strict):
         if not isinstance(value, Mapping):
             return value  # reported by the type check: must be a mapping
         value = {str(k): v for k, v in value.items()}
-        if info.field_name != "max_regression":
-            for name in value:
+        for name in value:
+            if info.field_name == "max_regression":
+                _check_metric_name(name, f"max_regression.{name}")
+            else:
                 _check_limit_name(name, f"{info.field_name}.{name}", floors=info.field_name == "floors")
         return value
 
@@ -334,10 +356,15 @@ class GatePolicy(_Strict):
     @field_validator("require_metrics")
     @classmethod
     def _required_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, name in enumerate(value):
+            _check_metric_name(name, f"require_metrics[{i}]")
         return tuple(dict.fromkeys(metric_key(name) for name in value))
 
     @model_validator(mode="after")
     def _gates_something(self) -> GatePolicy:
+        if self.regression == "none" and self.max_regression:
+            raise PolicyError("regression", "says none, but max_regression names "
+                                            f"{', '.join(self.max_regression)}: keep one of the two")
         if not self.gated_metrics:
             raise PolicyError("require_metrics", "the policy gates no metric, so it would pass any version; "
                                                  "name the metrics in require_metrics, floors, ceilings or "
@@ -370,8 +397,12 @@ class GatePolicy(_Strict):
                 del out[name]
         if out["slice_min_scored_rows"] is None:
             del out["slice_min_scored_rows"]
-        if not out["require_seal"]:
-            del out["require_seal"]
+        for name in ("require_seal", "require_traces"):
+            if not out[name]:
+                del out[name]
+        for name, default in (("regression", None), ("evidence", "agreeing")):
+            if out[name] == default:  # the hash of a policy without the key is what it was before it existed
+                del out[name]
         if out["regression_test"]["correction"] == "holm":
             # the default; with decide_on point or ci_low it only adds a column to the report
             del out["regression_test"]["correction"]
@@ -402,6 +433,24 @@ def _direction(name: str) -> bool | None:
         return None
 
 
+def _check_metric_name(name: str, item: str) -> None:
+    """Refuse a metric name the metric registry does not know but one of its names is close to
+    (``faithfulnes``): a typo would otherwise gate on a metric no evaluation logs, and be
+    reported as the candidate's failure, not the policy's. A name nothing is close to may be a
+    rubric's or an adapter's, which the evaluation names; the gate checks it there."""
+    if is_namespaced(name):
+        return
+    from mlflow_rag_eval.metrics import resolve_metric
+
+    try:
+        resolve_metric(display_name(name))
+    except ValueError as exc:
+        if "did you mean" in str(exc):
+            raise PolicyError(item, str(exc).split("; known:")[0]) from None
+    except TypeError:
+        pass
+
+
 def _limit_keys(value: dict[str, float], where: str, *, aggregates: bool = True) -> dict[str, float]:
     """Limits keyed by MLflow keys (``ndcg@10/mean`` -> ``ndcg_at_10/mean``; a metric name
     alone when not ``aggregates``); two names of one key are refused."""
@@ -427,7 +476,10 @@ def _check_limit_name(name: str, item: str, *, floors: bool, under: str = "") ->
         raise PolicyError(item, "a slice's limit goes under slice_floors / slice_ceilings: "
                                 "<field>: <value>: <metric>/<stat>")
     if stat not in STATS:
-        raise PolicyError(item, f"unknown statistic {stat!r}; one of {list(STATS)}")
+        close = difflib.get_close_matches(stat, STATS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PolicyError(item, f"unknown statistic {stat!r}{hint}; one of {list(STATS)}")
+    _check_metric_name(metric, item)
     greater_is_better = _direction(metric)
     if floors and greater_is_better is False:
         raise PolicyError(item, f"{metric} is lower-is-better: put its limit under {under}ceilings")
@@ -438,7 +490,7 @@ def _check_limit_name(name: str, item: str, *, floors: bool, under: str = "") ->
 def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePolicy:
     """A :class:`GatePolicy` from a YAML file, a mapping, or a policy (returned as is).
 
-    The file is read strictly (:func:`_read_yaml`): a key given twice in one mapping, or a YAML
+    The file is read strictly (:func:`~mlflow_rag_eval.gate.policy_file.read_policy_text`): a key given twice in one mapping, or a YAML
     anchor or alias anywhere, is refused, naming the key and its line. JSON is YAML, so a JSON
     policy file is read by the same rules, duplicate keys included.
 
@@ -450,20 +502,8 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
     if isinstance(source, GatePolicy):
         return source  # validated when it was made
     if isinstance(source, (str, Path)):
-        import yaml
-
         path = Path(source)
-        try:
-            text = _read_policy_file(path).decode("utf-8")
-        except OSError as exc:
-            raise PolicyError(str(path), f"cannot read the policy file ({exc.strerror or exc})") from None
-        except UnicodeDecodeError as exc:
-            raise PolicyError(str(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                                         f"{exc.start}); save the policy as UTF-8") from None
-        try:
-            data = _read_yaml(text, path)
-        except yaml.YAMLError as exc:
-            raise PolicyError(str(path), "not valid YAML: " + " ".join(str(exc).split())) from None
+        data = read_policy_text(path)
         if data is None:
             raise PolicyError(str(path), "the policy file is empty: a gate on nothing would pass any "
                                          "version; name the metrics in require_metrics, floors, "
@@ -477,159 +517,10 @@ def load_policy(source: GatePolicy | Mapping[str, Any] | str | Path) -> GatePoli
         raise _policy_error(exc) from None
 
 
-#: the largest policy file read (a policy is a few dozen lines; this is a thousand times more)
-MAX_POLICY_BYTES = 1 << 20
-#: how long reading a policy file may take (a slow network mount)
-POLICY_READ_DEADLINE_S = 10.0
-
-
-def _read_policy_file(path: Path) -> bytes:
-    """The bytes of a policy file: a regular file after symlinks are resolved, of at most
-    :data:`MAX_POLICY_BYTES`, read within :data:`POLICY_READ_DEADLINE_S`. Opened without
-    blocking and checked on the open descriptor, so a FIFO or device swapped in after the
-    check is refused too, never read until memory runs out or waited on forever.
-
-    Raises:
-        PolicyError: not a regular file, too large, or too slow to read (naming why).
-        OSError: the file cannot be opened or read.
-    """
-    import os
-    import stat
-    import time
-
-    resolved = path.resolve(strict=True)
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-    def refuse_unless_regular(mode: int) -> None:
-        if not stat.S_ISREG(mode):
-            what = next((name for test, name in kinds if test(mode)), "not a regular file")
-            shown = str(path) if resolved == path.absolute() else f"{path} (-> {resolved})"
-            raise PolicyError(str(path), f"{shown} is {what}: a policy must be a regular file")
-
-    refuse_unless_regular(os.stat(resolved).st_mode)
-    fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    try:
-        info = os.fstat(fd)
-        refuse_unless_regular(info.st_mode)
-        if info.st_size > MAX_POLICY_BYTES:
-            raise PolicyError(str(path), f"the policy file is {info.st_size} bytes, over the {MAX_POLICY_BYTES} "
-                                         "byte limit: a policy is a few dozen lines")
-        deadline = time.monotonic() + POLICY_READ_DEADLINE_S
-        chunks, size = [], 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_POLICY_BYTES:  # grew since it was checked
-                raise PolicyError(str(path), f"the policy file is over the {MAX_POLICY_BYTES} byte limit")
-            if time.monotonic() > deadline:
-                raise PolicyError(str(path), f"reading the policy file took over {POLICY_READ_DEADLINE_S:g} s")
-    finally:
-        os.close(fd)
-
-
-# -- the strict YAML reader: what YAML accepts silently and a policy must not ----------------------
-def _read_yaml(text: str, path: Path) -> Any:
-    """The document of a policy file, read by :func:`_strict_loader`'s rules.
-
-    Raises:
-        PolicyError: a duplicate key, a merge key, an anchor or an alias (naming key and line).
-        yaml.YAMLError: text that is not YAML.
-    """
-    loader = _strict_loader()(text, path)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-@functools.cache
-def _strict_loader() -> type:
-    """A ``yaml.SafeLoader`` that refuses, while composing (before any value is built):
-
-    * a key given twice in one mapping, at any depth. YAML keeps the last one silently, so a
-      second ``faithfulness/mean: 0.1`` under ``floors`` would weaken the floor that a reviewer
-      reads on the line above it. ``<<`` merge keys too: the keys they merge are overridden
-      by the mapping's own, silently, in the same way;
-    * an anchor (``&name``) or alias (``*name``). A policy has no use for them (it is a few
-      dozen scalars), and a few lines of nested aliases (a "billion laughs") expand to
-      billions of values once built or validated: gigabytes and minutes before the unknown
-      key they sit under is reported. Refused at the first anchor's event, nothing expanded.
-
-    Built on first use, so that importing the policy module does not import PyYAML.
-    """
-    import yaml
-
-    class StrictPolicyLoader(yaml.SafeLoader):
-        def __init__(self, stream: str, path: Path):
-            super().__init__(stream)
-            self.policy_file = str(path)
-            self.keys: list[str | int | None] = []  # where the node being composed sits
-
-        def _where(self, *more: str | int) -> str:
-            return _dotted(tuple(k for k in (*self.keys, *more) if k is not None))
-
-        def compose_node(self, parent, index):
-            self.keys.append(index.value if isinstance(index, yaml.ScalarNode) else
-                             index if isinstance(index, int) else None)
-            try:
-                event = self.peek_event()
-                if event.anchor is not None:  # an AliasEvent's anchor is the name it refers to
-                    sign, what = ("*", "alias") if isinstance(event, yaml.AliasEvent) else ("&", "anchor")
-                    raise PolicyError(self._where(), (
-                        f"YAML {what} {sign}{event.anchor} at line {event.start_mark.line + 1} of "
-                        f"{self.policy_file}: a policy has no use for anchors and aliases (&name, *name), "
-                        "and expanding them can take gigabytes; write each value out"))
-                return super().compose_node(parent, index)
-            finally:
-                self.keys.pop()
-
-        def compose_mapping_node(self, anchor):
-            node = super().compose_mapping_node(anchor)
-            first: dict[Any, Any] = {}  # key -> its first mark
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    raise PolicyError(self._where("<<"), (
-                        f"YAML merge key at line {key_node.start_mark.line + 1} of {self.policy_file}: the mapping's own keys "
-                        "override the merged ones silently; write each key once"))
-                if not isinstance(key_node, yaml.ScalarNode):
-                    continue  # a list or mapping as a key: the constructor refuses it
-                key = self.construct_object(key_node)
-                if key in first:
-                    here, there = _place(key_node.start_mark, first[key])
-                    raise PolicyError(self._where(key_node.value), (
-                        f"duplicate key {key_node.value!r} at {here} of {self.policy_file} (first at {there}): "
-                        "YAML would keep the last value silently; write each key once"))
-                first[key] = key_node.start_mark
-            return node
-
-    return StrictPolicyLoader
-
-
-def _place(mark, first) -> tuple[str, str]:
-    """Where a duplicate key and its first occurrence are: lines, with columns when they share
-    one (a JSON policy on a single line)."""
-    if mark.line != first.line:
-        return f"line {mark.line + 1}", f"line {first.line + 1}"
-    return f"line {mark.line + 1}, column {mark.column + 1}", f"column {first.column + 1}"
-
-
 # -- pydantic's errors as PolicyError: the dotted key and a message a policy author can act on ---
 def policy_json_schema() -> dict[str, Any]:
     """The JSON schema of a policy file (what ``policy.schema.json`` holds)."""
     return GatePolicy.model_json_schema(mode="validation")
-
-
-def _dotted(loc: tuple) -> str:
-    key = ""
-    for part in loc:
-        if part == "[key]":
-            continue
-        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
-    return key or "<policy>"
 
 
 def _node(loc: tuple) -> dict[str, Any]:
@@ -705,7 +596,7 @@ def _policy_error(exc: ValidationError) -> PolicyError:
     raised = (first.get("ctx") or {}).get("error")
     if isinstance(raised, PolicyError):
         return raised
-    return PolicyError(_dotted(first["loc"]), _message(first))
+    return PolicyError(dotted(first["loc"]), _message(first))
 
 
 def write_json_schema(path: str | Path = SCHEMA_FILE) -> Path:

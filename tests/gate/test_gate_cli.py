@@ -133,7 +133,7 @@ def test_a_first_version_of_a_model_without_aliases_is_still_gated(registry, loc
     policy.write_text(json.dumps(POLICY))
     assert registry.get_registered_model("fresh").aliases == {}
     result = _gate_cli(version, policy, model="fresh")
-    assert result.exit_code == 0 and "champion: none (first version)" in result.output
+    assert result.exit_code == 0 and "champion: none (first version: no version holds alias 'champion')" in result.output
 
 
 def test_cli_refuses_a_digest_with_a_quote(registry, champion_and_regressed, tmp_path):
