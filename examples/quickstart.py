@@ -62,15 +62,14 @@ def write_golden_set(n: int, name: str):
 
 def evaluate_variant(generator: str, data, judge: str, nested: bool, model_name: str, k: int = 5,
                      min_overlap: float = 0.5) -> tuple[str, dict[str, float]]:
-    """Log the pipeline with the given answer generator as a model, register it, evaluate it
-    in a run, sliced by question type and difficulty.
+    """Log the pipeline with the given answer generator as a model, evaluate it in a run, sliced
+    by question type and difficulty, and register it from that run.
 
     The model is logged outside the evaluation run (MLflow 3 keeps logged models as entities
     of their own): MLflow's Evaluation runs page lists only runs that logged no model, and the
     evaluation run names the model it evaluated as its input.
     """
     model_info = log_pipeline(k=k, min_overlap=min_overlap, generator=generator)
-    mlflow.register_model(model_info.model_uri, model_name)
     with mlflow.start_run(run_name=f"bm25-top{k}-{generator}", nested=nested) as run:
         mlflow.log_params({"retriever_k": k, "generator": generator})
         result = mlflow.models.evaluate(
@@ -80,7 +79,19 @@ def evaluate_variant(generator: str, data, judge: str, nested: bool, model_name:
             evaluators="rag",
             evaluator_config={"judge": judge, "slice_by": SLICE_BY},
         )
-        return run.info.run_id, result.metrics
+    register_from_run(model_info, model_name, run.info.run_id)
+    return run.info.run_id, result.metrics
+
+
+def register_from_run(model_info, model_name: str, run_id: str) -> str:
+    """Register the logged model as a version whose ``run_id`` is its evaluation run: the one
+    fact of a version no one can change later, and the gate's evidence under every rule
+    (``evidence: version-run`` trusts nothing else)."""
+    client = mlflow.MlflowClient()
+    if not client.search_registered_models(f"name = '{model_name}'"):
+        client.create_registered_model(model_name)
+    return client.create_model_version(model_name, source=model_info.model_uri, run_id=run_id,
+                                       model_id=model_info.model_id).version
 
 
 def _cell(value) -> str:
