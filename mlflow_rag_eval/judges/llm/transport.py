@@ -192,8 +192,7 @@ class Transport:
         self._last_timeout = 0.0
         self._longest_timed_out = 0.0  # the longest budget among them, in seconds
         self._health_lock = threading.Lock()
-        self._answered = False  # any answer from the server in this judge's life: an outage can end
-        self._answers = 0  # the server's answers so far
+        self._answers = 0  # the server's answers so far (any: an outage can end, not a never-reachable judge)
         self._outage_declared = False  # a call spent its retries while the server answered no one
         self._streak_since = 0.0  # when the current run of failures began (its first failure)
         self._next_probe = 0.0  # when a call waiting out an outage may send the next probe
@@ -293,8 +292,8 @@ class Transport:
             except TransientError as exc:
                 charge = "estimate" if exc.kind == "Timeout" else "release"  # a timed-out call may be billed
                 self._note_transient(exc, budget)
-                if (exc.kind == CONNECTION_ERROR and attempt >= s.max_retries and answers_then == self._answers
-                        and self._answered and s.outage_budget > 0):
+                if (exc.kind == CONNECTION_ERROR and attempt >= s.max_retries and answers_then == self._answers > 0
+                        and s.outage_budget > 0):
                     # retries spent, the last while the server answered no one: an outage, not this row's fault
                     with self._health_lock:
                         self._outage_declared = True
@@ -382,10 +381,9 @@ class Transport:
             count = self._connection_failures
             when, last = self._last_connection_failure
             timeouts, timed_out_at, longest = self._timeouts, self._last_timeout, self._longest_timed_out
-            answered, since, declared = self._answered, self._streak_since, self._outage_declared
+            outage, since = self._outage_locked(limit, timeout_limit), self._streak_since
         budget = self.settings.outage_budget
-        if answered and budget > 0 and (declared or (limit and count >= limit)
-                                        or (timeout_limit and timeouts >= timeout_limit)):
+        if outage:
             if now - since <= budget:
                 return  # an outage, waited out (_wait_out_outage)
             raise JudgeUnreachable(
@@ -413,9 +411,13 @@ class Transport:
         outage budget: past it, :meth:`check_reachable` raises)."""
         limit, timeout_limit = self.unreachable_limit(), self.timeout_limit()
         with self._health_lock:
-            return bool(self._answered and self.settings.outage_budget > 0 and (
-                self._outage_declared or (limit and self._connection_failures >= limit)
-                or (timeout_limit and self._timeouts >= timeout_limit)))
+            return self._outage_locked(limit, timeout_limit)
+
+    def _outage_locked(self, limit: int, timeout_limit: int) -> bool:
+        """:meth:`_in_outage`, with ``_health_lock`` held by the caller."""
+        return bool(self._answers and self.settings.outage_budget > 0 and (
+            self._outage_declared or (limit and self._connection_failures >= limit)
+            or (timeout_limit and self._timeouts >= timeout_limit)))
 
     def _wait_out_outage(self) -> float:
         """Wait while the judge is in an outage until this call may probe (one call per gap,
@@ -441,7 +443,7 @@ class Transport:
 
     def _note_answer(self) -> None:
         with self._health_lock:
-            self._answered, self._outage_declared = True, False
+            self._outage_declared = False
             self._answers += 1
             self._next_probe, self._probe_gap = 0.0, PROBE_FIRST_S
             self._connection_failures = 0
