@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,15 +146,11 @@ def load_evaluation(run_id: str, client=None) -> EvaluatedRun:
                 "metric by metric: it holds no rag evaluation (rows table, dataset digest, lineage) to pair "
                 "rows on; evaluate with model_type='rag' or rag_scorers to compare or gate it")
         raise NotComparable(f"run {run_id} holds no rag evaluation")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, "eval_results_table.json", tmp)
-        with open(path, "rb") as f:
-            raw = f.read()
-        table = json.loads(raw)
-        lineage_path = client.download_artifacts(run_id, "rag_eval/judge_lineage.json", tmp)
-        with open(lineage_path, "rb") as f:
-            raw_lineage = f.read()
-        lineage = json.loads(raw_lineage)
+    from mlflow_rag_eval._util.mlflow_compat import read_run_artifact  # imports MLflow
+    raw = read_run_artifact(client, run_id, "eval_results_table.json")
+    table = json.loads(raw)
+    raw_lineage = read_run_artifact(client, run_id, "rag_eval/judge_lineage.json")
+    lineage = json.loads(raw_lineage)
     frame = pd.DataFrame(table["data"], columns=table["columns"])
     directions = {metric_key(m["name"]): m.get("greater_is_better", True) for m in lineage.get("metrics", [])}
     return EvaluatedRun(run_id, dict(run.data.params), frame, directions, load_slices(run_id, client),

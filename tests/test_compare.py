@@ -183,3 +183,36 @@ def test_an_extra_metrics_run_is_refused_saying_why_it_cannot_be_compared(tracki
     with pytest.raises(NotComparable, match=f"run {extra.info.run_id} was evaluated through extra_metrics, .* "
                                             "evaluate with model_type='rag' or rag_scorers"):
         compare_runs(plugin, extra.info.run_id)
+
+
+def test_reading_two_runs_shows_no_download_progress_bar(tracking_uri, capfd, monkeypatch):
+    """The package's own reads of a run's artifacts (a comparison, the gate's evidence and
+    history, a calibration's rows) print no MLflow "Downloading artifacts" bar: the user asked
+    for a comparison, not a download, and the bar's switch is the caller's environment."""
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # MLflow's default: bars on
+    retrieval = {"metrics": ["mrr", "ndcg@10"], "log_traces": False, "progress": False}
+    runs = []
+    for good in (False, True):
+        with mlflow.start_run() as run:
+            mlflow.models.evaluate(data=_data(good), model_type="rag", evaluators="rag", evaluator_config=retrieval)
+        runs.append(run.info.run_id)
+    capfd.readouterr()
+    mlflow.artifacts.download_artifacts(run_id=runs[0], artifact_path="eval_results_table.json")
+    assert "Downloading artifacts" in capfd.readouterr().err  # what MLflow's own read shows, here
+    comparison = compare_runs(*runs)
+    assert comparison.deltas
+    assert "Downloading artifacts" not in capfd.readouterr().err
+
+
+def test_a_missing_artifact_fails_as_mlflows_own_read_does(tracking_uri):
+    from mlflow_rag_eval._util.mlflow_compat import read_run_artifact
+
+    with mlflow.start_run() as run:
+        mlflow.log_text("{}", "present.json")
+    client = mlflow.MlflowClient()
+    assert read_run_artifact(client, run.info.run_id, "present.json") == b"{}"
+    with pytest.raises(Exception) as ours:
+        read_run_artifact(client, run.info.run_id, "missing.json")
+    with pytest.raises(Exception) as theirs:
+        client.download_artifacts(run.info.run_id, "missing.json")
+    assert type(ours.value) is type(theirs.value)

@@ -27,6 +27,7 @@ __all__ = [
     "batch_get_traces",
     "evaluation_run_tags",
     "log_spans",
+    "read_run_artifact",
     "search_traces",
     "warn_missing",
 ]
@@ -109,3 +110,27 @@ def log_spans(tracing_client: Any, experiment_id: str, spans: list) -> None:
         by_trace.setdefault(span.trace_id, []).append(span)
     for trace_spans in by_trace.values():
         tracing_client.log_spans(experiment_id, trace_spans)
+
+
+def read_run_artifact(client: Any, run_id: str, path: str) -> bytes:
+    """The bytes of the file ``path`` among the run's artifacts, read without MLflow's
+    "Downloading artifacts" progress bar: a read the package makes for itself (the gate's history
+    and evidence, a comparison, a calibration's rows) is no download the user asked for, and the
+    bar's switch is an environment variable, the caller's to set, not ours.
+
+    The file is fetched through the run's artifact repository one file at a time (what
+    ``client.download_artifacts`` does for a file, less the bar). Whatever that way cannot do (a
+    release or repository without those methods, a file that is not there) goes to
+    ``client.download_artifacts``, which raises what it always raised.
+    """
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / Path(path).name
+        try:
+            repo = client._tracking_client._get_artifact_repo(run_id)
+            repo._download_file(remote_file_path=path, local_path=str(local))
+        except Exception:  # noqa: BLE001 - MLflow's own way says what went wrong
+            local = Path(client.download_artifacts(run_id, path, tmp))
+        return local.read_bytes()

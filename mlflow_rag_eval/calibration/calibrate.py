@@ -338,7 +338,6 @@ def recompute_calibration(run, client=None) -> CalibrationResult:
         ValueError: the rows are not the sealed ones, the labels are gone, or they are another
             judge's than the calibration says.
     """
-    import tempfile
 
     import mlflow
 
@@ -356,8 +355,8 @@ def recompute_calibration(run, client=None) -> CalibrationResult:
         out = calibrate_from_run(source[4:], metric, label_name=param("label_name"), log=False, client=client,
                                  **settings)
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            raw = Path(client.download_artifacts(run.info.run_id, ROWS_FILE, tmp)).read_bytes()
+        from mlflow_rag_eval._util.mlflow_compat import read_run_artifact  # imports MLflow
+        raw = read_run_artifact(client, run.info.run_id, ROWS_FILE)
         sealed = param("rows_sha256")
         if sealed and hashlib.sha256(raw).hexdigest() != sealed:
             raise ValueError(f"calibration run {run.info.run_id}: its {ROWS_FILE} is not the one sealed when it was "

@@ -339,13 +339,11 @@ def slice_table(slice_by: Sequence[str], members: Mapping[str, tuple[Mapping[str
 def load_slices(run_id: str, client=None) -> dict[str, Any] | None:
     """The ``rag_eval/slices.json`` of a run (None when the run was not sliced: no
     ``rag_eval.slice_by`` param)."""
-    import tempfile
 
     import mlflow
 
     client = client or mlflow.MlflowClient()
     if SLICE_BY_PARAM not in client.get_run(run_id).data.params:
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(client.download_artifacts(run_id, SLICES_FILE, tmp), encoding="utf-8") as f:
-            return json.load(f)
+    from mlflow_rag_eval._util.mlflow_compat import read_run_artifact  # imports MLflow
+    return json.loads(read_run_artifact(client, run_id, SLICES_FILE).decode("utf-8"))

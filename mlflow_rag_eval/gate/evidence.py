@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
-from pathlib import Path
 
 from mlflow_rag_eval.gate.checks import AlteredRun
 from mlflow_rag_eval.keys import display_name
@@ -64,8 +62,8 @@ def run_trace_ids(client, run) -> set[str]:
 
 def _artifact(client, run_id: str, path: str) -> bytes:
     """The bytes of one artifact of the run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return Path(client.download_artifacts(run_id, path, tmp)).read_bytes()
+    from mlflow_rag_eval._util.mlflow_compat import read_run_artifact  # imports MLflow
+    return read_run_artifact(client, run_id, path)
 
 
 def _short(digest: str | None) -> str:

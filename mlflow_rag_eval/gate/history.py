@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 
@@ -26,13 +24,13 @@ def gate_history(model: str, client=None) -> pd.DataFrame:
 
     1. the versions that were gated, from the model registry::
 
-           client.search_model_versions("name = '<model>' and tags.`rag_eval.gate` LIKE '%'")
+           client.search_model_versions("name = 'MODEL' and tags.`rag_eval.gate` LIKE '%'")
 
        each carries ``rag_eval.gate_run_id``, the evaluation run the decision was made on;
     2. on that run, every decision file under ``rag_eval/gate_decisions/`` for this model and
        version (a version gated twice has two rows; its tags keep only the latest). The same
        runs are found with ``mlflow.search_runs(search_all_experiments=True,
-       filter_string="tags.`rag_eval.gate.model` = '<model>'")``.
+       filter_string="tags.`rag_eval.gate.model` = 'MODEL'")``.
 
     Where a decision file cannot be read (run deleted, artifacts gone), the version's tags give
     one row with what they hold. Unusable-input outcomes (exit 2) are never recorded, so they
@@ -72,13 +70,13 @@ def _decisions(client, run_id: str | None, model: str, version: str) -> list[dic
     out = []
     try:
         files = client.list_artifacts(run_id, DECISIONS_DIR)
-        with tempfile.TemporaryDirectory() as tmp:
-            for f in files:
-                if not f.path.endswith(".json"):
-                    continue
-                doc = json.loads(Path(client.download_artifacts(run_id, f.path, tmp)).read_text())
-                if doc.get("model") == model and str(doc.get("candidate_version")) == version:
-                    out.append(doc)
+        from mlflow_rag_eval._util.mlflow_compat import read_run_artifact  # imports MLflow
+        for f in files:
+            if not f.path.endswith(".json"):
+                continue
+            doc = json.loads(read_run_artifact(client, run_id, f.path).decode("utf-8"))
+            if doc.get("model") == model and str(doc.get("candidate_version")) == version:
+                out.append(doc)
     except Exception:  # noqa: BLE001 - a deleted run or artifact store falls back to the tags
         return []
     return out
