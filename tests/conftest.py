@@ -3,6 +3,7 @@ repeated here so a bare `pytest` behaves the same)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 for _key, _value in {
@@ -131,17 +132,35 @@ def refusing_judge(word: str):
     return LLMJudge(ScriptedBackend({"claims_verdicts": claims}), cache=False)
 
 
+@contextlib.contextmanager
+def _experiment_id_env_kept():
+    """MLFLOW_EXPERIMENT_ID as it was on entry, restored on exit (set, changed or removed within)."""
+    before = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = before
+
+
 @pytest.fixture(autouse=True)
 def _experiment_id_env_restored():
     """mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID; a test that calls it outside a fixture
     that restores it would hand its experiment id to every later test's subprocesses (a store
     where that id does not exist then refuses them). Restored after every test."""
-    before = os.environ.get("MLFLOW_EXPERIMENT_ID")
-    yield
-    if before is None:
-        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    else:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = before
+    with _experiment_id_env_kept():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _experiment_id_env_restored_after_the_module():
+    """The same for a module-scoped fixture that calls mlflow.set_experiment: it runs before any
+    function-scoped fixture, so only a fixture of its own scope, set up before it (autouse comes
+    first) and torn down after it, sees the value from before the module."""
+    with _experiment_id_env_kept():
+        yield
 
 
 def pytest_terminal_summary(terminalreporter):
