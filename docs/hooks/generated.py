@@ -24,7 +24,7 @@ def _type(node: dict, defs: dict) -> str:
     if "anyOf" in node:
         return " or ".join(_type(n, defs) for n in node["anyOf"])
     if "enum" in node:
-        return " \\| ".join(f"`{v}`" for v in node["enum"])
+        return " or ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type", "any")
     if kind == "array":
         return f"list of {_type(node.get('items', {}), defs)}"
@@ -44,8 +44,16 @@ def _type(node: dict, defs: dict) -> str:
     return kind + (f" ({', '.join(bounds)})" if bounds else "")
 
 
+_CODE = re.compile(r"(`[^`]*`)")
+
+
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` as one Markdown table cell: outside code spans a pipe is escaped and ``<``/``>``
+    are entities (a description's ``<metric>/<stat>`` is text, not an HTML tag the page would
+    swallow); inside them nothing is, since a code span shows its backslashes."""
+    parts = _CODE.split(str(text).replace("\n", " "))
+    return "".join(part if part.startswith("`") else
+                   part.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;") for part in parts)
 
 
 def _table(properties: dict, defs: dict) -> list[str]:

@@ -136,3 +136,43 @@ def test_pages_render_in_a_browser_from_file(site, chromium, tmp_path, page, tex
     assert text in dom and "How-to guides" in dom, dom[:2000]
     assert 'data-md-component="sidebar"' in dom and "js-focus-visible" in dom  # the theme's own script ran
     assert shot.stat().st_size > 20_000
+
+
+#: HTML5 and SVG element names: any other tag in a built page is text the Markdown swallowed
+#: (a description's ``<metric>/<stat>`` became two unknown tags and vanished from the page)
+_KNOWN_TAGS = set("""a abbr address area article aside audio b base bdi bdo blockquote body br button canvas caption
+cite code col colgroup data datalist dd del details dfn dialog div dl dt em embed fieldset figcaption figure footer
+form h1 h2 h3 h4 h5 h6 head header hgroup hr html i iframe img input ins kbd label legend li link main map mark menu
+meta meter nav noscript object ol optgroup option output p param picture pre progress q rp rt ruby s samp script
+search section select slot small source span strong style sub summary sup table tbody td template textarea tfoot th
+thead time title tr track u ul var video wbr svg path g circle rect line polyline polygon ellipse text tspan defs use
+symbol title desc clippath lineargradient radialgradient stop mask pattern image foreignobject marker""".split())
+
+
+def test_no_placeholder_is_swallowed_as_a_tag_and_no_pipe_shows_its_backslash(site):
+    """Issue 45: the policy reference rendered "Lower limits on logged aggregates: /: value."
+    and a type cell showed ``mean\\|median``; the strict build passed both."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Tags(HTMLParser):
+        def __init__(self, page: str):
+            super().__init__()
+            self.page = page
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in _KNOWN_TAGS:
+                found.append(f"{self.page}: <{tag}>")
+
+        def handle_data(self, data):
+            if "\\|" in data:
+                found.append(f"{self.page}: {data.strip()[:80]!r}")
+
+    pages = sorted(p for p in site.rglob("*.html") if "assets" not in p.parts)
+    assert len(pages) > 20
+    for page in pages:
+        Tags(str(page.relative_to(site))).feed(page.read_text(encoding="utf-8"))
+    assert not found, found
+    policy = _page(site, "reference/policy")
+    assert "Lower limits on logged aggregates: &lt;metric&gt;/&lt;stat&gt;: value." in policy
