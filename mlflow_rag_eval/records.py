@@ -23,6 +23,7 @@ __all__ = [
     "Context",
     "RagRecord",
     "RecordError",
+    "golden_set_name",
     "records_from_frame",
     "predictions_to_frame",
     "refuse_duplicate_columns",
@@ -556,6 +557,12 @@ def dataset_digest(records: Sequence[RagRecord]) -> str:
     ``mlflow.genai.evaluate``, scoring rows concurrently, hands them over) give the same digest.
     """
     return digest_of_sorted_items(sorted(dataset_item(r) for r in records))
+
+
+def golden_set_name(digest: str, name: str | None = None) -> str:
+    """The name of a golden set in the store: the one its user gave, else ``golden-<digest8>``
+    (:func:`dataset_digest`'s first 8 characters: the same rows get the same name on every route)."""
+    return name or f"golden-{digest[:8]}"
 
 
 def dataset_item(record: RagRecord) -> str:

@@ -62,14 +62,29 @@ class LoggedGoldenSet:
     artifact_uri: str | None = None
 
 
-def golden_dataset(golden: GoldenSet, name: str = "golden-set"):
-    """``golden``'s rows (:meth:`GoldenSet.to_frame`) as an MLflow ``PandasDataset`` named
-    ``name`` whose digest is the set's (the ``rag_eval.dataset_digest`` of every evaluation on
-    it): ``mlflow.evaluate`` logs its ``data`` as the run's dataset input, so pass this rather
-    than the bare frame, which MLflow names ``dataset`` under a digest of its own."""
-    import mlflow.data
+def golden_dataset(golden, name: str | None = None, **from_pandas):
+    """A golden set as an MLflow ``PandasDataset`` named ``name`` whose digest is the set's (the
+    ``rag_eval.dataset_digest`` of every evaluation on it): ``mlflow.evaluate`` logs its
+    ``data`` as the run's dataset input, so pass this rather than the bare frame, which MLflow
+    names ``dataset`` under a digest of its own.
 
-    return mlflow.data.from_pandas(golden.to_frame(), name=name, digest=golden.digest)
+    ``golden``: a :class:`GoldenSet` (its rows, :meth:`GoldenSet.to_frame`), or a DataFrame of
+    golden rows written by hand (``question`` and whatever it expects: ``reference``,
+    ``relevant_ids``...; predictions too, which the digest leaves out). ``name`` defaults to
+    ``golden-<digest8>``, the name every route gives the same rows; ``from_pandas`` goes to
+    ``mlflow.data.from_pandas`` (``predictions="answer"`` for static predictions)."""
+    import mlflow.data
+    import pandas as pd
+
+    from mlflow_rag_eval.records import dataset_digest, golden_set_name, records_from_frame
+
+    if isinstance(golden, pd.DataFrame):
+        frame = golden
+        read = frame if "contexts" in frame.columns else frame.assign(contexts=[[] for _ in range(len(frame))])
+        digest = dataset_digest(records_from_frame(read, require_answer=False))
+    else:
+        frame, digest = golden.to_frame(), golden.digest
+    return mlflow.data.from_pandas(frame, name=golden_set_name(digest, name), digest=digest, **from_pandas)
 
 
 def _experiment_id(experiment_id: str | None) -> str:

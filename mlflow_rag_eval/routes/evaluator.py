@@ -20,6 +20,9 @@ Registered under the entry-point group ``mlflow.model_evaluator`` as ``rag``::
 - ``run_metrics``: ``"means"`` (default: each metric's mean and CI bounds are the run's MLflow
   metrics, the other statistics and the slices' are in its statistics table) or ``"all"``
   (every statistic of the run and of each slice as an MLflow metric, for charting them);
+- ``dataset_name``: the golden set's name in the store (the run's dataset input, which the
+  Evaluation runs page shows; default: a dataset the caller named, else ``golden-<digest8>``,
+  the same name every route gives the same rows);
 - ``max_cost``: US dollars the LLM judge may cost at most (:mod:`mlflow_rag_eval.evaluation.budget`):
   the estimate (calls, tokens, cost) is printed before any judge call, a run estimated above it
   is refused then (:class:`BudgetExceeded`, nothing logged), and one that reaches it stops, the
@@ -75,6 +78,7 @@ try:
         announce,
         assert_run_is_fresh,
         log_evaluation,
+        log_golden_set_input,
     )
 except ImportError as exc:
     _UNLOADABLE: ImportError | None = exc
@@ -86,7 +90,7 @@ __all__ = ["CONFIG_KEYS", "MODEL_TYPE", "RagEvaluator"]
 
 MODEL_TYPE = "rag"
 CONFIG_KEYS = frozenset({"judge", "metrics", "col_mapping", "model_input_columns", "log_traces", "max_error_rate",
-                         "slice_by", "progress", "max_cost", "run_metrics"})
+                         "slice_by", "progress", "max_cost", "run_metrics", "dataset_name"})
 
 
 def _dataset_frame(dataset) -> pd.DataFrame:
@@ -177,6 +181,9 @@ class RagEvaluator(ModelEvaluator):
         budget = Budget(options.max_cost)  # refuses an estimate above max_cost before any judge call
         result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
                                   progress=options.progress, budget=budget)
+        # The golden set under its own name and digest, the same on every route (MLflow logged a
+        # bare frame as "dataset" under a digest of its own before this evaluator ran).
+        log_golden_set_input(client, run_id, result.dataset_digest, options.dataset_name)
         model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         # mlflow.evaluate logs the metrics an evaluator returns to the run (and links them to the
         # logged model) when it evaluates one: logged here too, each would have two entries.
@@ -230,6 +237,8 @@ class _Options:
     max_cost: float | None = None
     #: which statistics are the run's MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`)
     run_metrics: str = "means"
+    #: the golden set's name in the store (None: the caller's named dataset, else golden-<digest8>)
+    dataset_name: str | None = None
 
 
 def _options(config: Mapping[str, Any]) -> _Options:
@@ -250,7 +259,10 @@ def _options(config: Mapping[str, Any]) -> _Options:
         raise ValueError(f"evaluator_config['progress'] must be true or false, got {progress!r}")
     max_cost = check_max_cost(config.get("max_cost"), "evaluator_config['max_cost']")
     run_metrics = check_run_metrics(config.get("run_metrics", "means"), "evaluator_config['run_metrics']")
-    return _Options(log_traces, max_error_rate, slice_by, progress, max_cost, run_metrics)
+    dataset_name = config.get("dataset_name")
+    if dataset_name is not None and (not isinstance(dataset_name, str) or not dataset_name.strip()):
+        raise ValueError(f"evaluator_config['dataset_name'] must be a non-empty string, got {dataset_name!r}")
+    return _Options(log_traces, max_error_rate, slice_by, progress, max_cost, run_metrics, dataset_name)
 
 
 def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], model_id: str | None) -> None:

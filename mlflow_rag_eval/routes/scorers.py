@@ -43,6 +43,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,6 +194,8 @@ class RagScorer(Scorer):
     _slice_by: tuple[str, ...] = PrivateAttr(default=())
     #: which statistics are the run's MLflow metrics (:data:`~mlflow_rag_eval.keys.RUN_METRICS`)
     _run_metrics: str = PrivateAttr(default="means")
+    #: the golden set's name in the store (None: the caller's named dataset, else golden-<digest8>)
+    _dataset_name: str | None = PrivateAttr(default=None)
 
     def __init__(self, metric: Metric, judge: Judge | None, *, run_metrics: str = "means", **kwargs):
         super().__init__(name=metric.key, aggregations=[
@@ -208,6 +211,8 @@ class RagScorer(Scorer):
         """The row's Feedback; None (no assessment) when the metric does not apply to the row."""
         metric, judge = self._metric, self._judge
         start = time.perf_counter()
+        if judge is not None:
+            _judge_for_this_run(judge)
         record, fields = None, {"answer", "contexts"}
         try:
             record, fields, has_contexts = _row_record(inputs, outputs, expectations, trace)
@@ -237,6 +242,24 @@ class RagScorer(Scorer):
         info = judge.info() if judge is not None else None
         _collect(self, trace, inputs, outputs, record, fields, result, info, time.perf_counter() - start)
         return row_feedback(result, row, judge=info)
+
+
+#: judge -> the evaluation run it last judged for (the scorers of a notebook live on across runs)
+_JUDGE_RUNS: weakref.WeakKeyDictionary[Judge, str | None] = weakref.WeakKeyDictionary()
+_JUDGE_RUNS_LOCK = threading.Lock()
+
+
+def _judge_for_this_run(judge: Judge) -> None:
+    """A stop (an outage past its budget) holds for the evaluation it happened in, as on the
+    engine's routes: the first row of another run restarts the judge."""
+    run_id = _current_run_id()
+    with _JUDGE_RUNS_LOCK:
+        if judge in _JUDGE_RUNS and _JUDGE_RUNS[judge] == run_id:
+            return
+        first = judge not in _JUDGE_RUNS
+        _JUDGE_RUNS[judge] = run_id
+    if not first:
+        judge.restart()
 
 
 # --------------------------------------------------------------------------- run contents
@@ -331,7 +354,12 @@ def _write(run_id: str, run: _RunRows) -> None:
 
     from mlflow_rag_eval.evaluation.engine import no_judge
     from mlflow_rag_eval.evaluation.result import EvaluationResult
-    from mlflow_rag_eval.tracking.run_logging import announce, assert_run_is_fresh, log_run_contents
+    from mlflow_rag_eval.tracking.run_logging import (
+        announce,
+        assert_run_is_fresh,
+        log_golden_set_input,
+        log_run_contents,
+    )
 
     client = MlflowClient()
     try:
@@ -377,6 +405,8 @@ def _write(run_id: str, run: _RunRows) -> None:
     lost = _lost_rows(stored, result, trace_ids, traceless=run.traceless // max(len(metrics), 1))
     if lost:
         tags[LOST_ROWS_TAG] = str(lost)
+    names = [s._dataset_name for s in run.scorers.values() if s._dataset_name]
+    log_golden_set_input(client, run_id, result.dataset_digest, names[0] if names else None)
     log_run_contents(result, run_id, client, tags=tags, trace_ids=trace_ids, skip_metrics=logged_by_mlflow,
                      slice_by=slice_by, run_metrics=run.run_metrics)
     announce(result)
@@ -446,7 +476,8 @@ def rag_scorer(metric: str | Metric, judge: str | Judge | None = None, *,
 
 
 def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = None, *,
-                slice_by: list[str] | None = None, data=None, run_metrics: str = "means") -> list[RagScorer]:
+                slice_by: list[str] | None = None, data=None, run_metrics: str = "means",
+                dataset_name: str | None = None) -> list[RagScorer]:
     """Scorers sharing one judge (one model load, one cache). The metrics are checked here,
     as on every route: an unknown name, a missing extra or a metric the judge cannot perform
     is refused now, not turned into an error on every row.
@@ -461,7 +492,11 @@ def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = Non
         run_metrics: ``"means"`` (each metric's mean and CI bounds are the run's MLflow
             metrics; the rest is in its statistics table) or ``"all"`` (every statistic of the
             run and of each slice, for charting them): :data:`~mlflow_rag_eval.keys.RUN_METRICS`.
+        dataset_name: the golden set's name in the store (the run's dataset input; default: a
+            dataset the caller named, else ``golden-<digest8>``, as on every route).
     """
+    if dataset_name is not None and (not isinstance(dataset_name, str) or not dataset_name.strip()):
+        raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}")
     slice_by = check_slice_by(slice_by, "slice_by")
     run_metrics = check_run_metrics(run_metrics)
     suite = prepare_suite(metrics, judge, set(ALL_FIELDS))
@@ -470,6 +505,7 @@ def rag_scorers(metrics: Iterable[str | Metric], judge: str | Judge | None = Non
     scorers = [RagScorer(m, suite.judge if m.primitives else None, run_metrics=run_metrics) for m in suite.metrics]
     for scorer in scorers:
         scorer._slice_by = slice_by
+        scorer._dataset_name = dataset_name
     return scorers
 
 

@@ -100,6 +100,7 @@ def evaluate_spark(
     judge_options: dict[str, Any] | None = None,
     run_name: str | None = None,
     run_metrics: str = "means",
+    dataset_name: str | None = None,
 ) -> SparkEvaluation:
     """Evaluate a Spark DataFrame (or a Parquet path) of RAG rows into one MLflow run.
 
@@ -128,6 +129,8 @@ def evaluate_spark(
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
         run_metrics: the run's MLflow metrics, as on every route (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
+        dataset_name: the golden set's name in the store, its dataset input (default ``golden-<digest8>``,
+            the name every route gives the same rows).
         judge_options: what the judge is built with (``get_judge(judge, **judge_options)``: an LLM
             judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker.
 
@@ -155,7 +158,7 @@ def evaluate_spark(
     out, context = _score(indexed, plan, suite, available, n_rows, output)
     source = _dataset_source(data)
 
-    log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client, source,
+    log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client, (source, dataset_name),
                   max_table_rows=max_table_rows, seed=seed, log_traces=log_traces, run_metrics=run_metrics)
     if run_id is None:
         with mlflow.start_run(run_name=run_name) as run:
@@ -166,11 +169,13 @@ def evaluate_spark(
     return done
 
 
-def _log_with_input(out, indexed, plan, n_rows, context, output, client, source, run_id: str,
-                    **options: Any) -> SparkEvaluation:
-    """Log the scored rows into ``run_id`` (:func:`_log`) with the data as the run's dataset input."""
+def _log_with_input(out, indexed, plan, n_rows, context, output, client, source: tuple[str | None, str | None],
+                    run_id: str, **options: Any) -> SparkEvaluation:
+    """Log the scored rows into ``run_id`` (:func:`_log`) with the data as the run's dataset input
+    (``source``: its URI, None for a DataFrame built in code, and the name the caller gave)."""
     done = _log(out, indexed, plan, n_rows, context, output, run_id, client, **options)
-    log_dataset_input(run_id, source, done.figures.dataset_digest, client)
+    uri, name = source
+    log_dataset_input(run_id, uri, done.figures.dataset_digest, client, name=name)
     return done
 
 

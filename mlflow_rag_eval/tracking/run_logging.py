@@ -60,7 +60,6 @@ import time
 import warnings
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import PurePosixPath
 from typing import Any
 
 from mlflow import MlflowClient
@@ -77,6 +76,7 @@ from mlflow_rag_eval.evaluation.statistics import STATISTICS_FILE, statistics_js
 from mlflow_rag_eval.judges.base import JudgeInfo
 from mlflow_rag_eval.judges.prompts import PROMPTS
 from mlflow_rag_eval.keys import check_run_metrics, metric_key
+from mlflow_rag_eval.records import golden_set_name
 from mlflow_rag_eval.report import render_report, worst_rows
 from mlflow_rag_eval.results import ErrorRateExceeded
 from mlflow_rag_eval.tracking import seal
@@ -84,9 +84,9 @@ from mlflow_rag_eval.tracking.search import calibration_records
 from mlflow_rag_eval.tracking.traces import log_row_traces
 
 __all__ = [
-    "EVALUATED_TAG", "LINEAGE_FILE", "NOTE_TAG", "REPORT_FILE", "SLICES_FILE", "STATISTICS_FILE", "TABLE_FILE",
-    "WORST_ROWS_FILE", "announce",
-    "assert_run_is_fresh", "lineage", "log_dataset_input", "log_evaluation", "log_run_contents", "log_run_level",
+    "EVALUATED_TAG", "LINEAGE_FILE", "NOTE_TAG", "REPORT_FILE", "SLICES_FILE", "STATISTICS_FILE", "STOPPED_TAG",
+    "TABLE_FILE", "WORST_ROWS_FILE", "announce", "assert_run_is_fresh", "lineage",
+    "log_dataset_input", "log_evaluation", "log_golden_set_input", "log_run_contents", "log_run_level",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ REPORT_FILE = "rag_eval/report.html"
 EVALUATED_TAG = "rag_eval.evaluated"
 #: the run's description in the MLflow UI (markdown)
 NOTE_TAG = "mlflow.note.content"
+#: why the judge stopped before judging every row (an outage past its budget); absent when it did not
+STOPPED_TAG = "rag_eval.stopped"
 
 
 def _version(package: str) -> str | None:
@@ -136,6 +138,8 @@ def run_note(figures: EvaluationFigures, experiment_id: str, run_id: str, datase
         "| metric | mean | 95% CI | scored | failed |",
         "|---|---:|---:|---:|---:|",
     ]
+    if figures.stopped:
+        lines[1:1] = ["", f"**Stopped**, {figures.rows_not_judged:,} rows not judged: {figures.stopped}"]
     for m in figures.metrics:
         s = m.summary
         ci = "–" if s.ci_low is None else f"{_shown(s.ci_low)} – {_shown(s.ci_high)}"
@@ -246,16 +250,16 @@ def announce(result: EvaluationResult | EvaluationFigures, *, max_error_rate: fl
             )
 
 
-def log_dataset_input(run_id: str, uri: str | None, digest: str, client: MlflowClient | None = None) -> None:
-    """Name the rows a run evaluated as its MLflow dataset input, by reference: a
-    ``MetaDataset`` with the file's or folder's URI as source, its name as the dataset's name and
-    the run's ``rag_eval.dataset_digest`` as digest (nothing is copied). ``mlflow.evaluate``
-    logs its data so on the evaluator-plugin route; the routes that read rows from a path (the
-    CLI's ``evaluate --data``, with or without ``--spark``) or take a Spark DataFrame log this,
-    so the Evaluation runs page names the dataset whichever route made the run.
+def log_dataset_input(run_id: str, uri: str | None, digest: str, client: MlflowClient | None = None,
+                      name: str | None = None) -> None:
+    """Name the golden rows a run evaluated as its MLflow dataset input, by reference: a
+    ``MetaDataset`` with the file's or folder's URI as source (a code source with MLflow's
+    context tags for rows built in code), ``name`` (default :func:`~mlflow_rag_eval.records.golden_set_name`) and the
+    run's ``rag_eval.dataset_digest`` as digest (nothing is copied). Every route logs it (the
+    plugin and the genai scorers beside the input MLflow logs for a bare frame, which MLflow
+    names ``dataset`` under a digest of its own), so the Evaluation runs page shows one golden
+    set under one name and digest whichever route made the run.
 
-    ``uri`` None (a DataFrame built in code) gives a code source with MLflow's context tags and
-    the name ``dataset``, as ``mlflow.data.from_spark`` does for a DataFrame without a path.
     ``s3a://``/``s3n://`` (Hadoop's names for S3) are recorded as the same object's ``s3://``
     source; a URI MLflow has no source type for is logged without a dataset (a warning says
     so): the run itself is never failed for it.
@@ -269,8 +273,9 @@ def log_dataset_input(run_id: str, uri: str | None, digest: str, client: MlflowC
     from mlflow.exceptions import MlflowException
     from mlflow.tracking.context import registry
 
+    name = golden_set_name(digest, name)
     if uri is None:
-        source, name = CodeDatasetSource(tags=registry.resolve_tags()), "dataset"
+        source = CodeDatasetSource(tags=registry.resolve_tags())
     else:
         uri = uri.rstrip("/")
         parsed = urlparse(uri)
@@ -282,7 +287,6 @@ def log_dataset_input(run_id: str, uri: str | None, digest: str, client: MlflowC
         except MlflowException as exc:
             _logger.warning("run %s: no MLflow dataset input for %s (%s)", run_id, uri, exc)
             return
-        name = PurePosixPath(parsed.path).stem or uri
     dataset = MetaDataset(source=source, name=name, digest=digest)
     (client or MlflowClient()).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity())])
 
@@ -441,7 +445,7 @@ def _run_tags(figures: EvaluationFigures, run, table: bool) -> dict[str, str]:
     """The evaluation's run tags: an MLflow evaluation run's, the tables it holds, its
     description (unless it has one), the judge and dataset, the calibration."""
     note = {} if run.data.tags.get(NOTE_TAG) else {
-        NOTE_TAG: run_note(figures, run.info.experiment_id, run.info.run_id, _dataset_name(run))}
+        NOTE_TAG: run_note(figures, run.info.experiment_id, run.info.run_id, _dataset_name(run, figures.dataset_digest))}
     return {
         **evaluation_run_tags(),
         MLFLOW_LOGGED_ARTIFACTS: _logged_artifacts_with(run, [TABLE_FILE, STATISTICS_FILE] if table else [STATISTICS_FILE]),
@@ -452,15 +456,34 @@ def _run_tags(figures: EvaluationFigures, run, table: bool) -> dict[str, str]:
         "rag_eval.dataset_digest": figures.dataset_digest,
         "rag_eval.version": _version("mlflow-rag-eval") or "unknown",
         **_calibration_tags(figures.calibration),
+        **({STOPPED_TAG: figures.stopped, "rag_eval.rows_not_judged": str(figures.rows_not_judged)}
+           if figures.stopped else {}),
     }
 
 
-def _dataset_name(run) -> str | None:
-    """The name of the run's dataset input, when it has one (the golden set's, when the caller
-    named it so)."""
+def _dataset_name(run, digest: str) -> str | None:
+    """The name of the run's golden set: its dataset input under the evaluation's digest, else
+    its one named dataset input (a dataset the caller named, under a digest of their own)."""
     inputs = run.inputs.dataset_inputs if run.inputs is not None else []
+    ours = [d.dataset.name for d in inputs if d.dataset.name and d.dataset.digest == digest]
     names = [d.dataset.name for d in inputs if d.dataset.name]
-    return names[0] if len(names) == 1 else None
+    return ours[0] if ours else names[0] if len(names) == 1 else None
+
+
+def log_golden_set_input(client: MlflowClient, run_id: str, digest: str, name: str | None = None) -> None:
+    """On a route where MLflow logged the data itself (the plugin's ``mlflow.evaluate``, the
+    genai scorers' ``mlflow.genai.evaluate``): the golden set as a dataset input of its own
+    (:func:`log_dataset_input`), unless the run already has one under its digest (the caller
+    passed :func:`~mlflow_rag_eval.golden.golden_dataset`) or one the caller named (MLflow's
+    name for a bare frame is ``dataset``)."""
+    run = client.get_run(run_id)
+    inputs = [d.dataset for d in (run.inputs.dataset_inputs if run.inputs is not None else [])]
+    if name is not None:
+        logged = any(d.digest == digest and d.name == name for d in inputs)
+    else:
+        logged = any(d.digest == digest or d.name not in ("dataset", "") for d in inputs)
+    if not logged:
+        log_dataset_input(run_id, None, digest, client, name=name)
 
 
 def log_run_contents(

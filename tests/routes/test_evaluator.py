@@ -107,8 +107,10 @@ def test_logged_pyfunc_pipeline_end_to_end(tracking_uri, golden):
     report = mlflow.artifacts.load_text(f"runs:/{run_id}/rag_eval/report.html")
     assert 'id="quadrant"' in report and "<script" not in report
 
+    # MLflow's input for the bare frame, and the golden set under the digest every route logs
     inputs = client.get_run(run_id).inputs.dataset_inputs
-    assert len(inputs) == 1 and inputs[0].dataset.digest
+    digest = client.get_run(run_id).data.params["rag_eval.dataset_digest"]
+    assert sorted(d.dataset.name for d in inputs) == ["dataset", f"golden-{digest[:8]}"]
 
 
 def test_static_predictions_log_what_the_engine_computes(tracking_uri, local_judge):

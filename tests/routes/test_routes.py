@@ -215,3 +215,57 @@ def test_every_route_logs_the_same_worst10_mean_in_each_metrics_direction(tracki
     _assert_same(plugin, extra)
     _assert_same(plugin, scored)
     _assert_same(plugin, result.metrics)  # the object genai.evaluate returns, as the run
+
+
+def test_one_golden_set_has_one_name_and_digest_on_every_route(tracking_uri, golden, tmp_path):
+    """Issue 45: the same rows through the plugin (a bare DataFrame, which MLflow logs as
+    ``dataset`` under a digest of its own), the genai scorers and the CLI each name the golden
+    set golden-<digest8> under the digest every route logs; a name given is kept; a frame passed
+    through ``golden_dataset`` is the run's one input."""
+    from click.testing import CliRunner
+
+    from mlflow_rag_eval.cli import main
+    from mlflow_rag_eval.golden import golden_dataset
+
+    data = golden.head(4).copy()
+    data["contexts"] = [[{"id": "p1", "text": "A passage."}, {"id": "p2", "text": "Another."}]] * len(data)
+    data["answer"] = "An answer."
+    cheap = ["mrr", "hit@5"]
+    client = mlflow.MlflowClient()
+
+    def golden_inputs(run_id: str) -> tuple[str, set[tuple[str, str]]]:
+        run = client.get_run(run_id)
+        digest = run.data.params["rag_eval.dataset_digest"]
+        return digest, {(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs
+                        if d.dataset.digest == digest}
+
+    runs = {}
+    with mlflow.start_run() as run:
+        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", predictions="answer",
+                               evaluator_config={"metrics": cheap})
+    runs["plugin"] = run.info.run_id
+    rows = [{"inputs": {"question": r.question}, "outputs": {"answer": r.answer, "contexts": r.contexts},
+             "expectations": {"reference": r.reference, "relevant_ids": r.relevant_ids, "answerable": r.answerable}}
+            for r in data.itertuples()]
+    runs["scorers"] = mlflow.genai.evaluate(data=rows, scorers=rag_scorers(cheap)).run_id
+    path = tmp_path / "rows.jsonl"
+    data.to_json(path, orient="records", lines=True)
+    result = CliRunner().invoke(main, ["evaluate", "--data", str(path), "--metrics", ",".join(cheap), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    runs["cli"] = result.stdout.strip().splitlines()[-1]
+
+    found = {route: golden_inputs(run_id) for route, run_id in runs.items()}
+    (digest,) = {d for d, _ in found.values()}
+    assert all(inputs == {(f"golden-{digest[:8]}", digest)} for _, inputs in found.values()), found
+    note = client.get_run(runs["plugin"]).data.tags["mlflow.note.content"]
+    assert f"**golden-{digest[:8]}**" in note  # the description names it too
+
+    with mlflow.start_run() as named:
+        mlflow.models.evaluate(data=data, model_type="rag", evaluators="rag", predictions="answer",
+                               evaluator_config={"metrics": cheap, "dataset_name": "northwind-4"})
+    assert golden_inputs(named.info.run_id)[1] == {("northwind-4", digest)}
+    with mlflow.start_run() as passed:
+        mlflow.models.evaluate(data=golden_dataset(data, predictions="answer"), model_type="rag", evaluators="rag",
+                               evaluator_config={"metrics": cheap})
+    inputs = client.get_run(passed.info.run_id).inputs.dataset_inputs
+    assert [(d.dataset.name, d.dataset.digest) for d in inputs] == [(f"golden-{digest[:8]}", digest)]

@@ -176,9 +176,9 @@ def test_another_seed_gives_the_single_process_ci_of_that_seed(spark, rows_2000,
     assert_aggregates_equal(done, evaluate_records(records, ["mrr"], available_fields=FIELDS, seed=7))
     seed_0 = evaluate_records(records, ["mrr"], available_fields=FIELDS).aggregates()
     assert done.metrics["mrr/ci_low"] != seed_0["mrr/ci_low"]  # the seed was used, not the default
-    # a DataFrame has no path to name: its dataset input is MLflow's code source, with the digest
+    # a DataFrame has no path: its dataset input is MLflow's code source, named after the digest
     (logged,) = MlflowClient().get_run(done.run_id).inputs.dataset_inputs
-    assert (logged.dataset.name, logged.dataset.source_type) == ("dataset", "code")
+    assert (logged.dataset.name, logged.dataset.source_type) == (f"golden-{dataset_digest(records)[:8]}", "code")
     assert logged.dataset.digest == done.figures.dataset_digest == dataset_digest(records)
 
 
@@ -306,7 +306,8 @@ def test_run_holds_what_a_single_process_run_holds(spark, rows_2000, tracking_ur
         assert spark_metrics[key] == pytest.approx(value, rel=0, abs=1e-12), key
     assert spark_params == single_params  # judge identity, metrics, dataset digest
     (logged,) = MlflowClient().get_run(spark_run.info.run_id).inputs.dataset_inputs  # the file, by reference
-    assert (logged.dataset.name, json.loads(logged.dataset.source)) == ("small", {"uri": str(path)})
+    assert (logged.dataset.name, json.loads(logged.dataset.source)) == (
+        f"golden-{single_params['rag_eval.dataset_digest'][:8]}", {"uri": str(path)})
     assert logged.dataset.digest == single_params["rag_eval.dataset_digest"]
     # the Spark run says where its rows are; without the table it announces the statistics table only
     assert spark_tags == single_tags | {ROWS_PATH_TAG}
@@ -471,11 +472,11 @@ def _judged_rows(n: int) -> pd.DataFrame:
 
 
 def _claims_reply(request):
-    from faulty_server import Reply, completion
+    from mlflow_rag_eval.testing.faults import Answer, completion
 
     claim = {"claim": "Bikes cost 7 euros.", "supported": False, "reason": "the passage says 5 euros",
              "evidence": "Bikes travel for a flat fare of 5 euros per journey.", "passage": 0}
-    return Reply(body=completion(json.dumps({"claims": [claim]})))
+    return Answer(body=completion(json.dumps({"claims": [claim]})))
 
 
 def _row_of(request) -> int:
@@ -486,7 +487,7 @@ def _row_of(request) -> int:
 
 @pytest.fixture
 def judge_server():
-    from faulty_server import FaultyServer
+    from mlflow_rag_eval.testing.faults import FaultyServer
 
     servers = []
 
@@ -552,14 +553,13 @@ def test_a_rate_limit_is_shared_by_the_executors_and_a_rerun_calls_nothing(spark
 
 
 def test_max_error_rate_fails_after_logging(spark, tracking_uri, judge_server, tmp_path):
-    from faulty_server import Reply
-
     from mlflow_rag_eval.results import ErrorRateExceeded
     from mlflow_rag_eval.spark import evaluate_spark
+    from mlflow_rag_eval.testing.faults import Answer
 
     def respond(request):  # row 3 is refused for good (a 400 is not retried)
         if _row_of(request) == 3:
-            return Reply(status=400, body={"error": {"message": "refused"}})
+            return Answer(status=400, body={"error": {"message": "refused"}})
         return _claims_reply(request)
 
     server = judge_server(respond)
@@ -598,7 +598,8 @@ def test_cli_evaluate_on_spark_logs_the_run_the_single_process_cli_logs(spark, r
     (one,), (other,) = (r.inputs.dataset_inputs for r in runs)
     assert (one.dataset.name, one.dataset.digest, one.dataset.source) == \
         (other.dataset.name, other.dataset.digest, other.dataset.source)
-    assert one.dataset.name == "rows" and one.dataset.digest == runs[1].data.params["rag_eval.dataset_digest"]
+    digest = runs[1].data.params["rag_eval.dataset_digest"]
+    assert one.dataset.name == f"golden-{digest[:8]}" and one.dataset.digest == digest
 
     frame.loc[250, "question"] = "  "
     bad = write_parts(frame, tmp_path / "bad", [300])
