@@ -49,8 +49,10 @@ def test_compare_on_an_unknown_run_id_is_one_line_and_exit_2(tracking_uri, evalu
 
 
 def test_commands_are_quiet_unless_verbose_and_leave_the_callers_settings(tracking_uri, evaluated_run, monkeypatch):
-    """No "Downloading artifacts" bars from MLflow (six for one compare), unless -v; the
-    environment and the mlflow logger are the caller's again afterwards."""
+    """No "Downloading artifacts" bars from MLflow (six for one compare, before the package read
+    its own artifacts without them), not even with -v: -v shows MLflow's own output, and these
+    reads are the package's; the environment and the mlflow logger are the caller's again
+    afterwards."""
     import logging
     import os
 
@@ -61,7 +63,8 @@ def test_commands_are_quiet_unless_verbose_and_leave_the_callers_settings(tracki
     assert "Downloading artifacts" not in quiet.output and "faithfulness" in quiet.output
     assert dict(os.environ) == env and logging.getLogger("mlflow").level == level
     loud = _invoke("-v", "compare", evaluated_run, evaluated_run, "--no-log", "--tracking-uri", tracking_uri)
-    assert loud.exit_code == 0 and "Downloading artifacts" in loud.output
+    assert loud.exit_code == 0 and "faithfulness" in loud.output, loud.output
+    assert "Downloading artifacts" not in loud.output
 
 
 def test_compare_on_a_run_that_is_no_evaluation_is_not_comparable(tracking_uri, evaluated_run):
@@ -115,7 +118,7 @@ def test_a_tracking_server_that_cannot_be_reached_is_named_at_once(command, tmp_
 def test_a_tracking_server_that_never_answers_is_named_after_the_reach_timeout(tmp_path, monkeypatch):
     import socket
 
-    import mlflow_rag_eval.cli as cli
+    import mlflow_rag_eval.cli._options as cli
 
     monkeypatch.setattr(cli, "REACH_TIMEOUT_S", 0.5)
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
@@ -193,7 +196,7 @@ def test_a_bug_shows_its_traceback_and_exits_3(monkeypatch, tracking_uri):
 def test_which_exceptions_are_input_errors(exc, code):
     from mlflow.exceptions import MlflowException
 
-    from mlflow_rag_eval.cli import _is_input_error
+    from mlflow_rag_eval.cli._main import _is_input_error
     from mlflow_rag_eval.judges.base import JudgeCapabilityError, JudgeUnreachable
 
     assert _is_input_error(exc) is (code == 2)
@@ -242,7 +245,7 @@ def test_evaluate_logs_an_evaluation_run_with_slices(tracking_uri, tmp_path, suf
     assert len(mlflow.MlflowClient().search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)) == 4
     # the Evaluation runs page names the dataset: the file, by reference, with the rows' digest
     (dataset_input,) = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == "rows"
+    assert dataset_input.dataset.name == f"golden-{run.data.params['rag_eval.dataset_digest'][:8]}"
     assert dataset_input.dataset.digest == run.data.params["rag_eval.dataset_digest"]
     assert json.loads(dataset_input.dataset.source) == {"uri": str(path.resolve())}
     assert dataset_input.dataset.source_type == "local"
@@ -326,7 +329,7 @@ def test_a_dataset_input_names_s3a_data_as_its_s3_object_and_never_fails_the_run
     with mlflow.start_run() as run:
         log_dataset_input(run.info.run_id, "s3a://bucket/evals/rows.parquet/", "abc123")
     (logged,) = client.get_run(run.info.run_id).inputs.dataset_inputs
-    assert (logged.dataset.name, logged.dataset.digest, logged.dataset.source_type) == ("rows", "abc123", "s3")
+    assert (logged.dataset.name, logged.dataset.digest, logged.dataset.source_type) == ("golden-abc123", "abc123", "s3")
     assert json.loads(logged.dataset.source) == {"uri": "s3://bucket/evals/rows.parquet"}
     with mlflow.start_run() as run, caplog.at_level("WARNING"):
         log_dataset_input(run.info.run_id, "gopher://host/rows", "abc123")
@@ -343,7 +346,7 @@ def test_sqlalchemy_too_new_for_the_mlflow_release_is_named_with_the_pin():
     exception through Python's import system, and the CLI's own group classifies it."""
     import sqlalchemy
 
-    from mlflow_rag_eval.cli import _Main
+    from mlflow_rag_eval.cli._main import _Main
 
     if not sqlalchemy.__version__.startswith("2.1"):
         pytest.skip(f"needs SQLAlchemy 2.1 (the class is there in {sqlalchemy.__version__})")
@@ -411,7 +414,7 @@ def test_a_fresh_store_on_an_old_mlflow_prints_no_alembic_info_lines(tmp_path):
     import logging
     import logging.config
 
-    from mlflow_rag_eval.cli import _Main
+    from mlflow_rag_eval.cli._main import _Main
 
     ini = tmp_path / "alembic.ini"
     ini.write_text(_MLFLOW_36_ALEMBIC_LOGGING)
