@@ -164,8 +164,12 @@ def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
     if not text:
         return text
     wanted = tuple(sorted({s for s in (*secrets, *known_secrets()) if s and len(s) >= MIN_SECRET_CHARS}))
-    forms = _forms(wanted)
-    if not forms:
+    return _redact_forms(text, _forms(wanted))
+
+
+def _redact_forms(text: str, forms) -> str:
+    """``text`` with the secrets whose spellings are ``forms`` (see :func:`_forms`) hidden."""
+    if not forms or not text:
         return text
     view = _decoded(text)
     found = tuple(f for f, folded in forms if folded in view)
@@ -197,15 +201,20 @@ def _decoded(text: str) -> str:
 
 def redact_strings(value: Any) -> Any:
     """``value`` (JSON-like: dicts, lists, strings, numbers) with :func:`redact` applied to
-    every string in it, keys included; for documents a sink writes (a cache entry, the lineage)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {redact_strings(k): redact_strings(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_strings(v) for v in value) if isinstance(value, list) else [
-            redact_strings(v) for v in value]
-    return value
+    every string in it, keys included; for documents a sink writes (a cache entry, the lineage).
+    The process's secrets are read once for the whole document, not once per string."""
+    forms = _forms(tuple(sorted({s for s in known_secrets() if len(s) >= MIN_SECRET_CHARS})))
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            return _redact_forms(node, forms)
+        if isinstance(node, dict):
+            return {walk(k): walk(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(value)
 
 
 def redact_json_text(text: str) -> str:

@@ -69,7 +69,7 @@ def _prompt_tokens(template_id: str, **blocks: str) -> int:
     them (:func:`~mlflow_rag_eval.judges.llm.spend.prompt_tokens`)."""
     template = PROMPTS[template_id]
     # Unused placeholders of a template are filled with "" (str.format ignores extra keys).
-    return prompt_tokens(render(template, **blocks), template.schema.model_json_schema())
+    return prompt_tokens(render(template, **blocks), template.json_schema)
 
 
 _reply_tokens = reply_tokens

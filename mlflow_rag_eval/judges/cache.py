@@ -57,6 +57,7 @@ write.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -216,6 +217,7 @@ def default_cache_path() -> Path:
     return base / _FILE_NAME
 
 
+@functools.lru_cache(maxsize=4096)
 def _looks_secret(name: str) -> bool:
     squashed = re.sub(r"[^0-9a-z]", "", name.lower())
     if any(s in squashed for s in _SECRET_SUBSTRINGS):
@@ -226,17 +228,30 @@ def _looks_secret(name: str) -> bool:
 
 def _check_no_secrets(obj: Any, where: str) -> None:
     """Raise ValueError naming the first secret-looking dict key (never its value)."""
+    path = _secret_key_path(obj)
+    if path is not None:
+        raise ValueError(f"{where}{path} looks like a credential; credentials must never be part of "
+                         "a cache key or a cached value")
+
+
+def _secret_key_path(obj: Any) -> str | None:
+    """The path (``.name[i].name``) of the first secret-looking dict key in ``obj``, or None; the
+    path is spelled only when one is found (this runs on every judge call's key and value)."""
     if isinstance(obj, dict):
         for name, item in obj.items():
             if isinstance(name, str) and _looks_secret(name):
-                raise ValueError(
-                    f"{where}.{name} looks like a credential; credentials must never be part of "
-                    "a cache key or a cached value"
-                )
-            _check_no_secrets(item, f"{where}.{name}")
+                return f".{name}"
+            if isinstance(item, (dict, list, tuple)):
+                below = _secret_key_path(item)
+                if below is not None:
+                    return f".{name}{below}"
     elif isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):
-            _check_no_secrets(item, f"{where}[{i}]")
+            if isinstance(item, (dict, list, tuple)):
+                below = _secret_key_path(item)
+                if below is not None:
+                    return f"[{i}]{below}"
+    return None
 
 
 def _check_value(value: Any) -> str:

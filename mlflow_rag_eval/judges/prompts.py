@@ -18,6 +18,7 @@ instructions inside it are to be judged, not followed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -133,18 +134,29 @@ class PromptTemplate:
     system: str = SYSTEM
     description: str = ""
 
+    @functools.cached_property
+    def json_schema(self) -> dict[str, Any]:
+        """The reply schema's JSON schema, made once per template (pydantic builds it anew on each
+        call, a millisecond a judge call would otherwise pay). Shared: read it, never change it."""
+        return self.schema.model_json_schema()
+
     @property
     def sha256(self) -> str:
-        blob = json.dumps(
-            {"system": self.system, "user": self.user, "schema": self.schema.model_json_schema(),
-             "data_format": DATA_FORMAT_VERSION},
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return _template_sha256(self, DATA_FORMAT_VERSION)
 
     @property
     def ref(self) -> str:
         return f"{self.id}@v{self.version}"
+
+
+@functools.lru_cache(maxsize=256)
+def _template_sha256(template: PromptTemplate, data_format: int) -> str:
+    """A template's sha256 under a data format: made once, not on every judge call."""
+    blob = json.dumps(
+        {"system": template.system, "user": template.user, "schema": template.json_schema, "data_format": data_format},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def render(template: PromptTemplate, **blocks: str) -> list[dict[str, str]]:

@@ -277,6 +277,9 @@ class AnswerRelevancy(Metric):
     def _generated(self, records, judge, rows) -> dict[int, RowResult]:
         """LLM judge: one call generates questions and flags noncommittal answers."""
         out: dict[int, RowResult] = {}
+        encode_ahead = getattr(judge, "encode_ahead", None)
+        if encode_ahead is not None:  # the questions' vectors, made while other metrics' calls are in flight
+            encode_ahead([records[i].question for i in rows])
         generated = judge.generate_questions([records[i].answer for i in rows], self.n_questions)
         pairs, owners = [], []
         for i, gen in zip(rows, generated):

@@ -34,6 +34,7 @@ answered the configured way by the model asked keeps the fingerprint it had befo
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -53,6 +54,7 @@ from mlflow_rag_eval.judges.base import (
     Verdict,
     VerifyItem,
 )
+from mlflow_rag_eval.judges.batch_independent import EncodedAhead
 from mlflow_rag_eval.judges.cache import JudgeCache, UnusableCachePath
 from mlflow_rag_eval.judges.llm import _structured as structured
 from mlflow_rag_eval.judges.llm._parsing import ReplyParseError, extract_json, inline_refs
@@ -71,7 +73,6 @@ from mlflow_rag_eval.judges.prompts import (
     passages_block,
     render,
 )
-from mlflow_rag_eval.judges.same_width import encode_batch_independent
 
 __all__ = ["LLMJudge", "LLMSettings", "Usage", "load_price_table"]  # the last three re-exported
 
@@ -126,6 +127,8 @@ class LLMJudge(Judge):
                                     concurrency=self._concurrency())
         self._rows = RowPool(self.name, self.usage_, self._concurrency())
         self._embedder = None
+        self._encoded_ahead = EncodedAhead()
+        self._embedding_sha: tuple[str | None] | None = None
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -151,11 +154,16 @@ class LLMJudge(Judge):
     def usage(self) -> dict[str, Any]:
         return self.usage_.as_dict()
 
+    def stopped(self) -> str | None:
+        return self._transport.stopped
+
+    def restart(self) -> None:
+        self._transport.restart()
+
     def info(self) -> JudgeInfo:
         identity = self.backend.identity()
         params = {**self.settings.generation_params(), "fuse": self.settings.fuse}
-        # Hashing the embedding model's files does not load it (and is cached per process).
-        embed_sha = model_files_sha256(resolve_model_path(self.settings.embedding_model))
+        embed_sha = self._embedding_sha256()
         differs, answered = self._what_answered()
         blob = json.dumps(
             {
@@ -202,6 +210,14 @@ class LLMJudge(Judge):
         if models and sorted(models) != [self.backend.model]:
             differs["reported_models"] = sorted(models)
         return differs, {"structured_output": ways, "reported_models": models}
+
+    def _embedding_sha256(self) -> str | None:
+        """The embedding model's files' sha256, hashed once per judge (hashing does not load the
+        model). info() is asked for on every row of the genai route, where resolving and
+        stat-ing the model's files each time cost more than the row's own work."""
+        if self._embedding_sha is None:
+            self._embedding_sha = (model_files_sha256(resolve_model_path(self.settings.embedding_model)),)
+        return self._embedding_sha[0]
 
     @property
     def embedder(self):
@@ -274,7 +290,7 @@ class LLMJudge(Judge):
         """A validated reply for one template, or a JudgeFailure (returned, not raised)."""
         template = PROMPTS[template_id] if isinstance(template_id, str) else template_id
         messages = render(template, **blocks)
-        schema = inline_refs(template.schema.model_json_schema())
+        schema = _request_schema(template)
         self.usage_.add(templates=template.ref)
         request = ChatRequest(
             messages=messages,
@@ -468,10 +484,19 @@ class LLMJudge(Judge):
             return []
         import numpy as np
 
-        vectors = encode_batch_independent(self.embedder, [a for a, _ in pairs] + [b for _, b in pairs])
+        vectors = self._encoded_ahead.encode(self.embedder, [a for a, _ in pairs] + [b for _, b in pairs])
         n = len(pairs)
         # Rounded like the local judge's: batch composition must not move a score.
         return [round(float(max(c, 0.0)), 6) for c in np.einsum("ij,ij->i", vectors[:n], vectors[n:])]
+
+    def encode_ahead(self, texts: Sequence[str]) -> None:
+        """Encode ``texts`` now, for a :meth:`similarity` call to come (a metric's own texts, known
+        before its judge calls: encoded while other metrics' calls wait on the network, not after
+        the last reply). Only a head start: a failure here is raised again by similarity()."""
+        try:
+            self._encoded_ahead.add(self.embedder, texts)
+        except Exception:  # noqa: BLE001
+            pass
 
     def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[GeneratedQuestions]]:
         def one(answer: str):
@@ -481,7 +506,11 @@ class LLMJudge(Judge):
             )
             if isinstance(reply, JudgeFailure):
                 return reply
-            return GeneratedQuestions([q for q in reply.questions if q.strip()][:n], reply.noncommittal)
+            generated = GeneratedQuestions([q for q in reply.questions if q.strip()][:n], reply.noncommittal)
+            # What similarity() will be asked for next, encoded here while other rows wait on the
+            # network rather than after the last reply (same vectors: see EncodedAhead).
+            self.encode_ahead(generated.questions)
+            return generated
 
         return self._map(one, list(answers))
 
@@ -550,3 +579,10 @@ def _indices_cover(n: int, what: str) -> Callable[[Any], None]:
             )
 
     return check
+
+
+@functools.lru_cache(maxsize=256)
+def _request_schema(template: PromptTemplate) -> dict[str, Any]:
+    """The schema a request of ``template`` sends (references inlined), made once per template
+    rather than on every call; shared by every request, which only read it."""
+    return inline_refs(template.json_schema)

@@ -96,7 +96,7 @@ def request_tokens(messages: Sequence[Mapping[str, str]], template_id: str, vari
     estimate before the run counts it (the template's own JSON schema)."""
     template = PROMPTS.get(template_id)
     if template is not None:
-        schema = template.schema.model_json_schema()
+        schema = template.json_schema
     return prompt_tokens(messages, schema), reply_tokens(template_id, _items(template_id, variables))
 
 
