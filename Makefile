@@ -84,7 +84,7 @@ support-model: install
 	$(VENV)/bin/mlflow-rag-eval train-local-judge --corpus examples/rag_pipeline/data/corpus.jsonl \
 		--labels training_data/summedits_dev.jsonl.gz --labels training_data/wice_dev.jsonl.gz \
 		--labels training_data/begin_dev.jsonl.gz --labels training_data/northwind_pairs.jsonl \
-		--seed 0 --out mlflow_rag_eval/judges/local_model/support_model.json
+		--veto --seed 0 --out mlflow_rag_eval/judges/local_model/support_model.json
 
 bench: install-dev
 	$(PY) bench/retrieval.py

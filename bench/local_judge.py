@@ -1,6 +1,9 @@
 """Rows per second of the whole metric suite with the local judge (target: >= 50 rows/s).
 
-    .venv/bin/python bench/local_judge.py [--rows 500]
+    .venv/bin/python bench/local_judge.py [--rows 500] [--judge local:minilm-l6]
+
+``--judge "local:minilm-l6?entailment_threshold=0"`` is the default judge without its
+cross-encoder veto (the judge before issue 43), to compare.
 
 Rows come from the Northwind example: each golden question in several variants (top-k from 3
 to 7, answers made of one or two retrieved sentences, with and without a citation), so
@@ -22,7 +25,7 @@ sys.path.insert(0, str(ROOT / "examples" / "rag_pipeline"))
 import pandas as pd  # noqa: E402
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
-from mlflow_rag_eval.judges.providers.local import LocalJudge  # noqa: E402
+from mlflow_rag_eval.judges import get_judge  # noqa: E402
 from mlflow_rag_eval.records import records_from_frame  # noqa: E402
 
 SUITE = [
@@ -58,9 +61,10 @@ def bench_frame(n: int) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=500)
+    parser.add_argument("--judge", default="local:minilm-l6")
     args = parser.parse_args()
     records = records_from_frame(bench_frame(args.rows))
-    judge = LocalJudge()
+    judge = get_judge(args.judge)
     judge.embedder.encode(["load the model before timing"])
     start = time.perf_counter()
     result = evaluate_records(records, SUITE, judge, progress=False)

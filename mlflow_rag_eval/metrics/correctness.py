@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure
+from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure, Verdict
 from mlflow_rag_eval.metrics.base import Metric, each_applicable, register_metric
 from mlflow_rag_eval.metrics.generation import failure_row, reference_not_applicable
 from mlflow_rag_eval.metrics.phrase_reference import (
@@ -13,6 +14,7 @@ from mlflow_rag_eval.metrics.phrase_reference import (
     is_yes_no,
     match_phrases,
     match_yes_no,
+    sentence_with_every_term,
     with_question,
 )
 from mlflow_rag_eval.results import RowResult
@@ -37,7 +39,9 @@ class AnswerCorrectness(Metric):
     A reference that is a fragment, not a statement ("Lisbon, Porto and Faro.", "Every weekday
     except Monday.": :func:`~mlflow_rag_eval.metrics.phrase_reference.is_fragment`), is read
     with its question: the answer's claims are checked against "When is the office open? Every
-    weekday except Monday.", and the fragment against the answer.
+    weekday except Monday.", and the fragment against the answer: it is covered outright when
+    one answer sentence holds every term of it (a fragment is not a sentence an entailment
+    model reads well as a claim), else the judge decides.
 
     A reference that is a phrase ("49 euros.", "Two years.", "Yes.") is the answer to the row's
     question, not a claim: the row scores 1.0 when the answer states it and 0.0 when it does not
@@ -46,6 +50,8 @@ class AnswerCorrectness(Metric):
     """
 
     name = "answer_correctness"
+    #: 2: a fragment reference is covered when one answer sentence holds every term of it
+    version: ClassVar[int] = 2
     requires = ("answer", "reference")
     primitives = ("extract_and_verify",)
     mode: str = "f1"
@@ -71,9 +77,15 @@ class AnswerCorrectness(Metric):
             answer_side = judge.extract_and_verify(
                 [ClaimsItem(records[i].answer, [premises[i]]) for i in rows]
             )
-            reference_side = judge.extract_and_verify(
-                [ClaimsItem(records[i].reference, [records[i].answer]) for i in rows]
-            )
+            stated = {i: sentence_with_every_term(records[i].reference, records[i].answer) for i in rows
+                      if premises[i] != records[i].reference}
+            stated = {i: [(records[i].reference.strip(), Verdict(
+                True, "an answer sentence holds every term of the fragment", evidence=s, score=1.0, source_index=0))]
+                for i, s in stated.items() if s is not None}
+            judged = iter(judge.extract_and_verify(
+                [ClaimsItem(records[i].reference, [records[i].answer]) for i in rows if i not in stated]
+            ))
+            reference_side = [stated[i] if i in stated else next(judged) for i in rows]
             for i, a, r in zip(rows, answer_side, reference_side):
                 failure = a if isinstance(a, JudgeFailure) else r if isinstance(r, JudgeFailure) else None
                 if failure is not None:

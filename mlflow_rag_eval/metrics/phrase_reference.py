@@ -25,7 +25,7 @@ from mlflow_rag_eval._util.text import content_tokens, split_sentences
 from mlflow_rag_eval.judges.base import Judge, JudgeFailure
 
 __all__ = ["PhraseMatch", "is_fragment", "is_phrase", "is_yes_no", "match_phrases", "match_yes_no", "phrase_terms",
-           "with_question"]
+           "sentence_with_every_term", "with_question"]
 
 #: A reference of at most this many words, in one sentence, is a phrase: "49 euros.", "Two
 #: years.", "Paris, France." — four words ("Bikes cost 5 euros.") already make a sentence with a
@@ -154,6 +154,13 @@ def _by_terms(phrase: str, sentences: Sequence[str]) -> tuple[PhraseMatch | None
     if digits and not keep:
         return PhraseMatch(False, f"no sentence states the number(s) {sorted(digits)}", 0.0), []
     return None, keep
+
+
+def sentence_with_every_term(phrase: str, text: str) -> str | None:
+    """The first sentence of ``text`` that holds every term of ``phrase`` (:func:`phrase_terms`),
+    or None (also for a phrase without terms)."""
+    match, _ = _by_terms(phrase, split_sentences(text) or [text])
+    return match.evidence if match is not None and match.stated else None
 
 
 def match_phrases(judge: Judge, items: Sequence[tuple[str, Sequence[str]]], *,

@@ -37,7 +37,7 @@ from mlflow_rag_eval.judges.local_model.encoder import (
 )
 from mlflow_rag_eval.judges.local_model.model_files import files_sha256
 
-__all__ = ["CrossEncoder", "default_cross_encoder_path", "load_cross_encoder", "pair_windows"]
+__all__ = ["CrossEncoder", "cross_encoder_sha256", "default_cross_encoder_path", "load_cross_encoder", "pair_windows"]
 
 
 def default_cross_encoder_path() -> Path:
@@ -108,7 +108,11 @@ class CrossEncoder:
     @functools.cached_property
     def sha256(self) -> str:
         """sha256 of the weights and the JSON beside them: part of the judge's fingerprint."""
-        return files_sha256([self.path, self.path.with_suffix(".json")])
+        return cross_encoder_sha256(self.path)
+
+    def __deepcopy__(self, memo: dict) -> CrossEncoder:
+        """One per process: read-only weights, a thread-safe memo (a copied judge shares it)."""
+        return self
 
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
         tokenizer = self.base.tokenizer
@@ -171,6 +175,12 @@ class CrossEncoder:
 
 
 _LOADED: dict[str, CrossEncoder] = {}
+
+
+def cross_encoder_sha256(path: str | Path) -> str:
+    """sha256 of a cross-encoder's weights and the JSON beside them (without loading it)."""
+    path = Path(path)
+    return files_sha256([path, path.with_suffix(".json")])
 
 
 def load_cross_encoder(path: str | Path | None = None, model: str = "minilm-l6") -> CrossEncoder:

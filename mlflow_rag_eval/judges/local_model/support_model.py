@@ -266,9 +266,9 @@ class SupportModel:
     #: contexts lack is a fabricated specific (on the development data such a claim is
     #: supported in 0-9% of cases, per source), which strong regularisation alone weighs too lightly.
     penalties: dict[str, float] = field(default_factory=dict)
-    #: The cross-encoder's P(entailed) a claim needs beside its support: a claim is supported
-    #: only when both agree (the veto, :meth:`with_veto`); None: no veto. Chosen across the
-    #: training sources with the cross-encoder named in ``training["cross_encoder_sha256"]``.
+    #: The cross-encoder's P(entailed) below which it vetoes a claim whatever its support (the
+    #: veto, :meth:`with_veto`); None: no veto. The cut where the cross-encoder named in
+    #: ``training["cross_encoder_sha256"]`` is confident (``training["veto_rule"]``).
     entailment_veto: float | None = None
 
     def __post_init__(self):
@@ -293,22 +293,23 @@ class SupportModel:
 
     def with_veto(self, support: np.ndarray, entailment: np.ndarray, threshold: float | None = None,
                   veto: float | None = None) -> np.ndarray:
-        """Support lowered by the veto: for a claim whose support reaches the threshold,
-        ``min(support, g(entailment))``, where ``g`` maps the cross-encoder's probability
-        piecewise-linearly onto the support scale with ``g(veto) = threshold``; a claim below the
-        threshold keeps its support (the veto cannot change its decision, and the judge does not
-        run the cross-encoder for it: its entailment may be NaN). So a claim reaches the
-        threshold exactly when its support does and its entailment reaches the veto, and the
-        result still ranks the claims that pass."""
+        """Support lowered by the veto: a claim whose support reaches the threshold and whose
+        entailment is below the veto gets ``threshold * (0.5 + 0.5 * entailment / veto)``, below
+        the threshold, ranked by its entailment; every other claim keeps its support (one below
+        the threshold cannot change its decision, and the judge does not run the cross-encoder for
+        it: its entailment may be NaN). So a claim reaches the threshold exactly when its support
+        does and its entailment reaches the veto, and the support model still ranks every claim
+        the veto leaves alone: the veto sits where the cross-encoder is confident, and elsewhere
+        its probability says less than the support model's ranking does."""
         t = self.threshold if threshold is None else threshold
         v = self.entailment_veto if veto is None else veto
         support, entailment = np.asarray(support, dtype=np.float64), np.asarray(entailment, dtype=np.float64)
         if v is None:
             return support
-        v = min(max(v, 1e-9), 1 - 1e-9)
+        v = max(v, 1e-9)
         e = np.nan_to_num(entailment, nan=1.0)
-        g = np.where(e < v, e * t / v, t + (e - v) / (1 - v) * (1 - t))
-        return np.where(support >= t, np.minimum(support, g), support)
+        vetoed = t * (0.5 + 0.5 * np.minimum(e / v, 1.0 - 1e-9))
+        return np.where((support >= t) & (e < v), vetoed, support)
 
     @functools.cached_property
     def _columns(self) -> np.ndarray:

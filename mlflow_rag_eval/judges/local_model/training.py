@@ -134,16 +134,36 @@ class Featurizer:
         key = tuple(passages)
         found = self._premises.get(key)
         if found is None:
-            units, n_sentences = Premise.units_of(passages)
-            vectors = self.embedder.encode([u for u, _ in units]) if units else np.zeros((0, 1), np.float32)
-            found = self._premises[key] = Premise.build(passages, units, n_sentences, vectors)
+            self.premises([passages])
+            found = self._premises[key]
         return found
+
+    def premises(self, passage_lists: Iterable[Sequence[str]]) -> None:
+        """Embed the units of every passage list not embedded yet, all in one ``encode`` call.
+
+        One call per premise ran each premise's few sentences in steps of one or two texts (the
+        encoder's steps hold texts of one token count), ~1,100 calls for the support model's
+        training data; together, texts of one length from every premise share a step. The
+        encoder gives a text the same vector in any batch, so the features are the same bits.
+        """
+        todo: dict[tuple[str, ...], tuple[list[tuple[str, int]], int]] = {}
+        for passages in passage_lists:
+            key = tuple(passages)
+            if key not in self._premises and key not in todo:
+                todo[key] = Premise.units_of(passages)
+        texts = list(dict.fromkeys(u for units, _ in todo.values() for u, _ in units))
+        vectors = self.embedder.encode(texts) if texts else None
+        row = {text: i for i, text in enumerate(texts)}
+        for key, (units, n_sentences) in todo.items():
+            found = vectors[[row[u] for u, _ in units]] if units else np.zeros((0, 1), np.float32)
+            self._premises[key] = Premise.build(key, units, n_sentences, found)
 
     def entailment(self, pairs: Sequence[tuple[str, Sequence[str]]], cross_encoder) -> np.ndarray:
         """The cross-encoder's P(entailed) of each (claim, passages), as the judge's veto reads it."""
         if not pairs:
             return np.zeros(0)
         vectors = self.embedder.encode([claim for claim, _ in pairs])
+        self.premises(passages for _, passages in pairs)
         triples = [(claim, vectors[k], self.premise(passages)) for k, (claim, passages) in enumerate(pairs)]
         return np.array([np.nan if e is None else e[0] for e in entailment_of(triples, cross_encoder)])
 
@@ -151,6 +171,7 @@ class Featurizer:
         if not pairs:
             return np.zeros((0, len(FEATURES)))
         vectors = self.embedder.encode([claim for claim, _ in pairs])
+        self.premises(passages for _, passages in pairs)
         triples = [(claim, vectors[k], self.premise(passages)) for k, (claim, passages) in enumerate(pairs)]
         return np.array([x for x, _ in support_features(triples, self.cross_encoder)])
 
@@ -189,49 +210,14 @@ def _worst_source_threshold(scores: Sequence[np.ndarray], labels: Sequence[np.nd
     return best
 
 
-def _worst_source_threshold_and_veto(support: SupportModel, labelled: Sequence[_Source], featurize: Featurizer,
-                                     cross_encoder) -> tuple[float, float]:
-    """(support threshold, entailment threshold) that maximise the lowest balanced accuracy of
-    answer-level decisions over the labelled sources, an answer supported when every sentence's
-    support and entailment reach theirs (ties: the lowest thresholds). Support candidates: 100
-    quantiles from 0.2 below the best threshold without a veto; the cross-encoder runs only for
-    the claims at or above the lowest of them (no other claim's decision can change)."""
-    base = _worst_source_threshold([s.answer_scores(support.predict) for s in labelled], [s.labels for s in labelled])
-    low = base - 0.2
-    per = []
-    for s in labelled:
-        p = np.round(support.predict(s.X_pairs), 6)
-        claims = [(c, [pair.context]) for pair in s.pairs for c in answer_claims(pair.answer)]
-        e = np.full(len(p), np.nan)
-        need = np.flatnonzero(p >= low)
-        e[need] = featurize.entailment([claims[k] for k in need], cross_encoder)
-        per.append((p, e, s.owner, s.labels))
-    pooled_s = np.concatenate([p for p, _, _, _ in per])
-    pooled_e = np.concatenate([e for _, e, _, _ in per])
-    s_cuts = np.unique(np.quantile(pooled_s[pooled_s >= low], np.linspace(0, 1, 101)))
-    e_cuts = np.unique(np.concatenate([[0.0], np.nanquantile(pooled_e, np.linspace(0, 0.98, 50))]))
-    least_support = []
-    for p, _, owner, y in per:
-        least = np.full(len(y), np.inf)
-        np.minimum.at(least, owner, p)
-        least_support.append(least)
-    best, best_worst = (base, 0.0), -1.0
-    for v in e_cuts:
-        passes = []
-        for p, e, owner, y in per:
-            # a claim below every support candidate has no entailment (NaN): it fails on support
-            vetoed = np.zeros(len(y), dtype=bool)
-            np.logical_or.at(vetoed, owner, np.nan_to_num(e, nan=1.0) < v)
-            passes.append(~vetoed)
-        for t in s_cuts:
-            worst = 1.0
-            for least, passing, (_, _, _, y) in zip(least_support, passes, per):
-                decide = (least >= t) & passing
-                pos, neg = max((y == 1).sum(), 1), max((y == 0).sum(), 1)
-                worst = min(worst, ((decide & (y == 1)).sum() / pos + (~decide & (y == 0)).sum() / neg) / 2)
-            if worst > best_worst + 1e-12:
-                best, best_worst = (float(t), float(v)), worst
-    return round(best[0], 6), round(best[1], 6)
+def _confident_veto(cross_encoder) -> float:
+    """The veto the cross-encoder's validation on rewrite/edit twins recorded: the P(entailed)
+    below which it fails at most 0.5% of faithful rewrites (:func:`.cross_training.confident_veto`)."""
+    try:
+        return round(float(cross_encoder.meta["validation"]["confident"]["veto"]), 6)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ValueError("the entailment veto needs a cross-encoder whose file records its confident veto "
+                         "(meta validation.confident.veto: train-cross-encoder --validation writes it)") from None
 
 
 def _best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -342,10 +328,12 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
     :func:`source_of`), synthetic examples from each source's passages and from ``corpus``,
     and corrupted sentences of each source's faithful answers; see the module's docstring.
 
-    ``veto`` (needs ``cross_encoder`` and labelled pairs): the model does not read the
-    cross-encoder; the cross-encoder vetoes it instead (a claim is supported only when both
-    agree), the support threshold and the entailment threshold chosen together to maximise the
-    lowest balanced accuracy over the labelled sources."""
+    ``veto`` (needs ``cross_encoder``): the model does not read the cross-encoder; the
+    cross-encoder vetoes it instead where it is confident: a claim whose P(entailed) is below
+    the cut its validation on rewrite/edit twins recorded (``meta["validation"]["confident"]``:
+    at most 0.5% of faithful rewrites below it) is unsupported whatever its support. The support
+    threshold is chosen as without a veto. (Choosing both thresholds together on the labelled
+    sources put the veto at the balanced cut and cost 0.05 mean AUROC leave-one-source-out.)"""
     if veto and cross_encoder is None:
         raise ValueError("the entailment veto needs a cross-encoder")
     if veto:
@@ -378,20 +366,18 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
         )
         keep = _least_supported_only(sources, support.predict)
     labelled = [s for s in sources if len(s.pairs)]
-    veto_value = None
-    if veto and labelled:
-        threshold, veto_value = _worst_source_threshold_and_veto(support, labelled, featurize_, cross_encoder)
-    elif labelled:
+    if labelled:
         threshold = _worst_source_threshold([s.answer_scores(support.predict) for s in labelled],
                                             [s.labels for s in labelled])
     else:
         threshold = _best_threshold(np.concatenate([support.predict(s.X_synthetic) for s in sources]),
                                     np.concatenate([s.y_synthetic for s in sources]))
     settings = {"cross_encoder_sha256": cross_encoder.sha256[:16]} if cross_encoder is not None else {}
+    veto_value = _confident_veto(cross_encoder) if veto else None
     if veto_value is not None:
-        settings["veto_rule"] = ("support and the cross-encoder's entailment (best of its 3 closest units) both at "
-                                 "their thresholds; the pair chosen to max the lowest balanced accuracy over the "
-                                 "labelled sources")
+        settings["veto_rule"] = ("a claim whose support passes is unsupported when the cross-encoder's entailment "
+                                 "(best of its 3 closest units) is below the veto: "
+                                 + cross_encoder.meta["validation"]["confident"]["rule"])
     return dataclasses.replace(support, threshold=round(threshold, 6), entailment_veto=veto_value, training=_lineage(
         sources, corpus, pairs, seed=seed, per_passage=per_passage, synthetic_weight=synthetic_weight, C=C,
         answer_corruption_weight=answer_corruption_weight, missing_number_factor=missing_number_factor, **settings))

@@ -36,7 +36,12 @@ from mlflow_rag_eval.judges.base import (
     Verdict,
     VerifyItem,
 )
-from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
+from mlflow_rag_eval.judges.batch_independent import encode_batch_independent
+from mlflow_rag_eval.judges.local_model.cross_encoder import (
+    cross_encoder_sha256,
+    default_cross_encoder_path,
+    load_cross_encoder,
+)
 from mlflow_rag_eval.judges.local_model.embedding import Embedder
 from mlflow_rag_eval.judges.local_model.support_model import (
     FEATURES,
@@ -46,13 +51,12 @@ from mlflow_rag_eval.judges.local_model.support_model import (
     support_features,
 )
 from mlflow_rag_eval.judges.registry import as_float, register_judge_provider, split_judge_name
-from mlflow_rag_eval.judges.same_width import encode_batch_independent
 
 __all__ = ["LocalJudge", "LocalJudgeSettings", "parse_local_target"]
 
 #: Version of the local judge's decision rules; bump it when a rule or default changes, so
 #: fingerprints (and with them the gate) see the change.
-RULES_VERSION = "local-rules-v5"  # v5: entailment read over the 3 closest units; the veto
+RULES_VERSION = "local-rules-v6"  # v6: the veto only below the cross-encoder's confident cut, support kept above it
 
 #: A sentence about what the speaker or the sources cannot tell, not a fact about the world:
 #: "I don't know", "the documents do not say ...", "there is no information on ...", "this cannot
@@ -129,6 +133,12 @@ def _support_reason(supported: bool, score: float, threshold: float, x: np.ndarr
     )
 
 
+def _probability(p: float) -> str:
+    """A probability in a reason: two decimals, or two significant digits below 0.1, so a veto
+    at 0.0119 and an entailment of 0.004 do not both read 0.01."""
+    return f"{p:.2f}" if p >= 0.1 else f"{p:.2g}"
+
+
 class LocalJudge(Judge):
     """MiniLM-based judge, the default when no judge is named. Name: ``local:minilm-l6``."""
 
@@ -142,28 +152,43 @@ class LocalJudge(Judge):
         self.settings = dataclasses.replace(settings, **overrides) if settings else LocalJudgeSettings(**overrides)
         self.embedder = Embedder(self.settings.model)
         self.support_model = load_support_model(self.settings.support_model or None)
-        self.cross_encoder = self._cross_encoder()
+        # where the cross-encoder is and its sha256, checked now; its weights load on first use
+        self._cross_encoder_file, self._cross_encoder_sha256 = self._cross_encoder_identity()
+        self._cross_encoder = None
         self.calls = 0
         self._info: JudgeInfo | None = None
 
-    def _cross_encoder(self):
-        """The cross-encoder whose entailment the support model reads (None for a model that
-        reads none): the one named in the settings, else the one trained beside the model
+    @property
+    def cross_encoder(self):
+        """The cross-encoder whose entailment the support model reads or its veto uses (None for
+        a model that needs none), loaded on first use (once per process)."""
+        if self._cross_encoder_sha256 is None:
+            return None
+        if self._cross_encoder is None:
+            self._cross_encoder = load_cross_encoder(self._cross_encoder_file, self.settings.model)
+        return self._cross_encoder
+
+    def _cross_encoder_identity(self) -> tuple[str | None, str | None]:
+        """(path, sha256) of the cross-encoder the judge needs, (None, None) when it needs none:
+        the one named in the settings, else the one trained beside the model
         (``train-local-judge --train-cross-encoder``), else the shipped one. It must be the one
         the model was trained on: another one's probabilities mean something else."""
-        if not self.support_model.uses_entailment and not self.settings.entailment_threshold:
-            return None
+        if not self.support_model.features_use_entailment and self.entailment_veto is None:
+            return None, None  # entailment_threshold=0 clears the shipped model's veto: nothing to run
         path = self.settings.cross_encoder or None
         beside = self.support_model.training.get("cross_encoder_file")
         if path is None and beside and self.settings.support_model:
             path = str(Path(self.settings.support_model).expanduser().resolve().parent / beside)
-        cross_encoder = load_cross_encoder(path, self.settings.model)
+        found = Path(path).expanduser() if path else default_cross_encoder_path()
+        if not found.is_file() or not found.with_suffix(".json").is_file():
+            raise FileNotFoundError(f"no cross-encoder at {found} (with {found.with_suffix('.json').name} beside it)")
+        sha = cross_encoder_sha256(found)
         trained_on = self.support_model.training.get("cross_encoder_sha256")
-        if trained_on and cross_encoder.sha256[:16] != trained_on:
+        if trained_on and sha[:16] != trained_on:
             raise ValueError(
-                f"the support model was trained on the cross-encoder {trained_on}, not on {cross_encoder.path} "
-                f"({cross_encoder.sha256[:16]}); retrain it with train-local-judge or name its cross-encoder")
-        return cross_encoder
+                f"the support model was trained on the cross-encoder {trained_on}, not on {found} "
+                f"({sha[:16]}); retrain it with train-local-judge or name its cross-encoder")
+        return path, sha
 
     # -- identity -------------------------------------------------------------------------
     def info(self) -> JudgeInfo:
@@ -172,8 +197,8 @@ class LocalJudge(Judge):
             params = asdict(self.settings)
             # The support model counts by content, not by where its file lies.
             params["support_model_sha256"] = self.support_model.sha256[:16]
-            if self.cross_encoder is not None:  # its weights and settings, by content
-                params["cross_encoder_sha256"] = self.cross_encoder.sha256[:16]
+            if self._cross_encoder_sha256 is not None:  # its weights and settings, by content
+                params["cross_encoder_sha256"] = self._cross_encoder_sha256[:16]
             # What computed the vectors (numpy, or sentence-transformers for other models).
             params["engine"] = self.embedder.engine
             blob = json.dumps(
@@ -246,7 +271,7 @@ class LocalJudge(Judge):
 
     @property
     def entailment_veto(self) -> float | None:
-        """The cross-encoder's P(entailed) a claim needs beside its support; None: no veto."""
+        """The cross-encoder's P(entailed) below which it fails a claim whatever its support; None: no veto."""
         t = self.settings.entailment_threshold
         t = self.support_model.entailment_veto if t is None else t
         return t if t else None
@@ -300,15 +325,16 @@ class LocalJudge(Judge):
                 (premise, best, x), alone, score, entail = next(where)
                 score = _stable(score)
                 supported = score >= threshold
-                if entail is not None and entail[0] < veto:  # the veto decided
-                    evidence, source = premise.units[entail[1]]
+                if entail is not None and entail[0] < veto:  # the veto decided; no close unit entails it
+                    evidence, source = premise.units[best]
                     reason = (f"unsupported: not entailed by {shorten(evidence, 80)!r} (entailment "
-                              f"{entail[0]:.2f} < {veto:.2f}; support {alone:.2f}, threshold {threshold:.2f})")
+                              f"{_probability(entail[0])} < {_probability(veto)}), though "
+                              + _support_reason(True, alone, threshold, x, source).removeprefix("supported: "))
                 else:
                     evidence, source = premise.units[best]
                     reason = _support_reason(supported, score, threshold, x, source)
                     if entail is not None:
-                        reason = reason[:-1] + f"; entailment {entail[0]:.2f}, veto below {veto:.2f})"
+                        reason = reason[:-1] + f"; entailment {_probability(entail[0])}, veto below {_probability(veto)})"
                 verdicts.append(Verdict(supported, reason, evidence=evidence, score=score, source_index=source))
             out.append(verdicts)
         return out

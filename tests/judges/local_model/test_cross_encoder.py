@@ -212,7 +212,8 @@ def test_a_support_model_trained_on_the_cross_encoder_runs_it_and_names_it(tmp_p
     (verdicts,) = judge.verify([VerifyItem(passages=["The company adopted the name Northwind Rail in 2003."],
                                            claims=["In 2003 the company took the name Northwind Rail."])])
     assert 0.0 <= verdicts[0].score <= 1.0
-    assert get_judge("local:minilm-l6").cross_encoder is None  # the shipped model reads none: never run
+    assert get_judge("local:minilm-l6").cross_encoder is load_cross_encoder()  # the shipped model's veto runs it
+    assert get_judge("local:minilm-l6?entailment_threshold=0").cross_encoder is None  # no veto: never run
     other = tmp_path / "other.safetensors"
     other.write_bytes(default_cross_encoder_path().read_bytes())
     other.with_suffix(".json").write_text(default_cross_encoder_path().with_suffix(".json").read_text() + " ")

@@ -31,14 +31,18 @@ PASSAGE = ("Northwind Rail was founded in 1994 as Northwind Regional Railways. T
 
 def test_the_shipped_model_is_what_make_support_model_rebuilds():
     """Retrain from the repository's own data (the Makefile's command) and compare."""
+    from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
+
     shipped = load_support_model()
-    retrained = train_support_model(load_corpus(CORPUS), [p for f in PAIRS for p in load_pairs(f)], seed=0)
+    retrained = train_support_model(load_corpus(CORPUS), [p for f in PAIRS for p in load_pairs(f)], seed=0,
+                                    cross_encoder=load_cross_encoder(), veto=True)
     assert retrained.training == shipped.training  # same inputs, digests and settings
     # embeddings may move in the 7th digit across CPUs; coefficients follow within far less than 1e-3
     np.testing.assert_allclose(retrained.coef, shipped.coef, atol=1e-3)
     np.testing.assert_allclose(retrained.mean, shipped.mean, atol=1e-4)
     assert retrained.intercept == pytest.approx(shipped.intercept, abs=1e-3)
     assert retrained.threshold == pytest.approx(shipped.threshold, abs=0.01)
+    assert retrained.entailment_veto == shipped.entailment_veto  # the cross-encoder's confident cut
 
 
 def test_model_json_round_trips_and_refuses_other_features(tmp_path):
@@ -132,17 +136,20 @@ def test_train_local_judge_needs_inputs(tmp_path):
 
 def test_the_veto_lowers_support_only_where_it_decides():
     """A claim reaches the threshold exactly when its support does and its entailment reaches
-    the veto; one below the threshold keeps its support (its entailment may be unknown)."""
+    the veto; every claim the veto does not fail keeps its support (one below the threshold
+    may have no entailment), so the support model still ranks them."""
     model = SupportModel(features=FEATURES[:1], mean=(0.0,), scale=(1.0,), coef=(1.0,), intercept=0.0,
                          threshold=0.6, entailment_veto=0.4)
     support = np.array([0.9, 0.9, 0.9, 0.5, 0.7])
     entailment = np.array([0.8, 0.4, 0.1, np.nan, 0.39])
     out = model.with_veto(support, entailment)
     assert list(out >= 0.6) == [True, True, False, False, False]
-    assert out[3] == 0.5 and out[0] <= 0.9 and out[2] < out[4] < 0.6  # the veto ranks what it fails
+    assert list(out[[0, 1, 3]]) == [0.9, 0.9, 0.5] and out[2] < out[4] < 0.6  # the veto ranks what it fails
+    assert out[2] >= 0.3  # above what the support model alone fails most claims at: a veto is no certainty
     again = SupportModel.from_json(model.to_json())
     assert again.entailment_veto == 0.4 and again.uses_entailment and not again.features_use_entailment
-    assert "entailment_veto" not in load_support_model().to_json()  # a model without one hashes as before
+    plain = SupportModel.from_json(model.to_json().replace('"entailment_veto": 0.4', '"entailment_veto": null'))
+    assert "entailment_veto" not in plain.to_json()  # a model without one hashes as before
 
 
 def test_a_judge_named_with_an_entailment_threshold_runs_the_veto_and_names_what_decided(local_judge):
@@ -161,14 +168,26 @@ def test_a_judge_named_with_an_entailment_threshold_runs_the_veto_and_names_what
     assert paraphrase.score < judge.support_threshold <= alone.score
 
 
-def test_train_local_judge_with_veto_chooses_both_thresholds_on_the_labels(tmp_path):
-    out = tmp_path / "vetoed.json"
-    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(CORPUS), "--labels", str(PAIRS[-1]),
-                                       "--veto", "--out", str(out)])
+def test_train_local_judge_vetoes_at_the_cross_encoders_confident_cut(tmp_path):
+    """By default, with labelled pairs or a corpus alone: the veto is the cut the cross-encoder's
+    own validation on rewrite/edit twins recorded (no labelled source chooses it), as in the
+    shipped model; --no-veto trains a model without one."""
+    from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
+
+    confident = load_cross_encoder().meta["validation"]["confident"]
+    assert confident["rewrites_failed"] <= 0.005 and confident["edits_caught"] > 0.5
+    assert load_support_model().entailment_veto == confident["veto"]
+    for name, inputs in (("labelled", ["--corpus", str(CORPUS), "--labels", str(PAIRS[-1])]),
+                         ("corpus", ["--corpus", str(CORPUS)])):
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(main, ["train-local-judge", *inputs, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        model = SupportModel.from_json(out.read_text())
+        assert model.entailment_veto == confident["veto"] and "entailment" not in model.features
+        assert "0.5% of the validation's faithful rewrites" in model.training["veto_rule"]
+        assert f"entailment veto {model.entailment_veto:.3f}" in result.output
+        assert get_judge(f"local:{out}").entailment_veto == confident["veto"]
+    plain = tmp_path / "plain.json"
+    result = CliRunner().invoke(main, ["train-local-judge", "--corpus", str(CORPUS), "--no-veto", "--out", str(plain)])
     assert result.exit_code == 0, result.output
-    model = SupportModel.from_json(out.read_text())
-    assert model.entailment_veto is not None and 0 <= model.entailment_veto < 1
-    assert "entailment" not in model.features and "veto_rule" in model.training
-    assert f"entailment veto {model.entailment_veto:.3f}" in result.output
-    # a veto of 0 (none helped on these labels) is no veto: the judge does not run the cross-encoder for it
-    assert get_judge(f"local:{out}").entailment_veto == (model.entailment_veto or None)
+    assert SupportModel.from_json(plain.read_text()).entailment_veto is None
