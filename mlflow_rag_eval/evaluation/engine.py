@@ -5,7 +5,10 @@ Order of work, so that bad input never costs a judge call:
    what the data can feed, the judge checked for every primitive;
 2. each metric validates the records (errors name row and column);
 3. score in batches; an exception inside a metric fails that batch's rows of that metric with a
-   named error and the run goes on, except :class:`JudgeUnreachable`, which stops it;
+   named error and the run goes on, except :class:`JudgeUnreachable` (a judge never reached),
+   which stops it before anything is logged. A judge that answered and then stays away past
+   its outage budget stops asking instead: the rows it had not judged fail as ``JudgeStopped``
+   and the run ends with every verdict given (``EvaluationFigures.stopped``);
 4. :meth:`EvaluationResult.summary_text` says, per metric, what was scored, what failed and
    why, what did not apply: every route prints it.
 """
@@ -39,8 +42,13 @@ __all__ = ["evaluate_records", "no_judge", "run_metric", "score_records"]
 _logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 1024
-#: rows per batch under a cost cap: the budget is checked between batches
+#: rows per batch under a cost cap, at least: the budget is checked between batches
 BUDGET_BATCH_SIZE = 16
+#: under a cap, a batch holds at most this share of it (by the estimate), at least
+#: BUDGET_BATCH_SIZE rows: each batch waits for its slowest call (a retry after a 429, a stalled
+#: socket), so 16-row batches made a run with 4.6% of calls faulty 6.3x slower than without
+#: faults (bench/faults.py, 1,000 rows); the cap itself holds call by call either way
+BUDGET_BATCH_SHARE = 0.01
 
 
 @callers_logging_kept()
@@ -84,6 +92,8 @@ def evaluate_records(
     suite.validate(records, mapping)
     if budget is not None:  # after every check on the data, before any judge call
         budget.check(estimate_cost(suite.metrics, records, suite.judge), judge=suite.judge)
+    if suite.judge is not None:  # a stop (an outage past its budget) holds for one evaluation
+        suite.judge.restart()
     rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget)
     judge_obj = suite.judge
     results = [
@@ -115,7 +125,8 @@ def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool 
     route. With a ``budget`` checked already (:meth:`Budget.check`) the judge is metered by it
     (each judge call reserves what it may cost, and one that would pass the cap is refused:
     ``BudgetExhausted``, that row's error); with a cap, the batches are
-    :data:`BUDGET_BATCH_SIZE` rows and each starts only while the budget allows its estimate.
+    at most :data:`BUDGET_BATCH_SHARE` of the cap by the estimate (at least
+    :data:`BUDGET_BATCH_SIZE` rows) and each starts only while the budget allows its estimate.
     """
     runner = _Runner(suite, len(records), progress, budget)
     with budget.metering(suite.judge) if budget is not None else contextlib.nullcontext():
@@ -130,7 +141,7 @@ class _Runner:
     def __init__(self, suite: Suite, n_records: int, progress: bool, budget: Budget | None = None):
         self.suite, self.n_records, self.progress, self.budget = suite, n_records, progress, budget
         capped = budget is not None and budget.max_cost is not None
-        self.batch_size = BUDGET_BATCH_SIZE if capped else BATCH_SIZE
+        self.batch_size = _capped_batch_size(budget) if capped else BATCH_SIZE
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
         self._lock = threading.Lock()
@@ -216,6 +227,16 @@ class _Runner:
             self.errors += sum(r.status == "error" for r in out)
         self.bar.advance(len(batch) - shown[0], **self._activity())
         return out
+
+
+def _capped_batch_size(budget: Budget) -> int:
+    """Rows per batch under a cap: as many as cost :data:`BUDGET_BATCH_SHARE` of it by the
+    estimate, between :data:`BUDGET_BATCH_SIZE` and :data:`BATCH_SIZE`."""
+    costs = budget.estimate.row_costs if budget.estimate is not None else []
+    per_row = sum(costs) / len(costs) if costs else 0.0
+    if per_row <= 0:
+        return BUDGET_BATCH_SIZE
+    return int(min(BATCH_SIZE, max(BUDGET_BATCH_SIZE, BUDGET_BATCH_SHARE * budget.max_cost // per_row)))
 
 
 def run_metric(metric: Metric, records: Sequence[RagRecord], judge: Judge | None) -> list[RowResult]:

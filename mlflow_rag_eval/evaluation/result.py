@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from mlflow_rag_eval.judges import JudgeInfo
+from mlflow_rag_eval.judges import JUDGE_STOPPED, JudgeInfo
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import MetricFigures, MetricResult
 
@@ -65,12 +65,30 @@ class EvaluationFigures(EvaluationContext):
     n_rows: int
     metrics: list[MetricFigures]
 
+    @property
+    def stopped(self) -> str | None:
+        """Why the judge stopped before judging every row (an outage past its budget: those
+        rows failed as ``JudgeStopped``), None when it did not. Read from the rows' errors, so
+        every route (the Spark one aggregates figures) says it the same way."""
+        for m in self.metrics:
+            for kind, _, example in m.failures():
+                if kind == JUDGE_STOPPED:
+                    return example.removeprefix(f"{JUDGE_STOPPED}: not judged: ")
+        return None
+
+    @property
+    def rows_not_judged(self) -> int:
+        """Rows the judge stopped before (at least; per metric the most): 0 when it did not stop."""
+        return max((n for m in self.metrics for kind, n, _ in m.failures() if kind == JUDGE_STOPPED), default=0)
+
     def summary_text(self) -> str:
         """Per metric: rows scored, failed (the most common error kinds, one example each) and
         not applicable (why); what the default suite left out. Printed at the end of every
         evaluation, so a metric that failed is never found only by looking."""
         width = max([len(m.name) for m in self.metrics] + [6])
         lines = [f"rag eval summary: {self.n_rows} rows, judge {self.judge.name}"]
+        if self.stopped:
+            lines.append(f"  STOPPED, {self.rows_not_judged} rows not judged (JudgeStopped): {self.stopped}")
         for m in self.metrics:
             s = m.summary
             mean = f"mean {s.mean:.3f}" if s.mean is not None else "no score"

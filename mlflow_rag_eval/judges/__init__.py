@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlflow_rag_eval.judges.base import (
+    JUDGE_STOPPED,
     ClaimsItem,
     GeneratedQuestions,
     Judge,
@@ -41,6 +42,7 @@ __all__ = [
     "JudgeCapabilityError",
     "JudgeFailure",
     "JudgeInfo",
+    "JUDGE_STOPPED",
     "JudgeUnreachable",
     "MissingJudgeDependency",
     "RelevanceItem",

@@ -23,6 +23,7 @@ __all__ = [
     "JudgeCapabilityError",
     "JudgeFailure",
     "JudgeInfo",
+    "JUDGE_STOPPED",
     "JudgeUnreachable",
     "Outcome",
     "RelevanceItem",
@@ -70,6 +71,12 @@ class JudgeFailure(Exception):
         self.kind = kind
         self.message = message = redact(message)  # it becomes a row's error, a log line, a report line
         super().__init__(f"{kind}: {message}")
+
+
+#: The kind of a row's failure when its judge stopped asking before judging it: an outage past
+#: its budget (``LLMSettings.outage_budget``). The rows judged before keep their verdicts; a run
+#: with such rows says it stopped (``EvaluationFigures.stopped``).
+JUDGE_STOPPED = "JudgeStopped"
 
 
 class JudgeCapabilityError(RuntimeError):
@@ -183,6 +190,15 @@ class Judge(ABC):
     def usage(self) -> dict[str, Any]:
         """What this judge has spent so far (calls, cache hits, tokens...), for lineage."""
         return {}
+
+    def stopped(self) -> str | None:
+        """Why this judge stopped asking in the current evaluation (an outage past its budget:
+        each row it has not judged fails as :data:`JUDGE_STOPPED`), None while it asks."""
+        return None
+
+    def restart(self) -> None:
+        """Forget a stop (:data:`JUDGE_STOPPED`) of an earlier evaluation: each evaluation
+        starts asking. Nothing to forget for a judge that cannot stop (a local one)."""
 
     def generate_questions(self, answers: Sequence[str], n: int) -> list[Outcome[GeneratedQuestions]]:
         raise JudgeCapabilityError(f"{self.info().name} cannot generate questions")

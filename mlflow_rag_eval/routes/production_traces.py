@@ -47,7 +47,10 @@ and before each judge call (what the call may cost at most reserved, settled wit
 reply without usage is charged at its estimate; a call that does not fit is refused:
 ``BudgetExhausted``, that metric's error on the trace, scored again by the next run), and the
 run stops with the reason (:mod:`mlflow_rag_eval.evaluation.budget`,
-:mod:`mlflow_rag_eval.judges.llm.spend`); what was scored is kept and logged.
+:mod:`mlflow_rag_eval.judges.llm.spend`); what was scored is kept and logged. A judge that
+answered and then stays away past its outage budget stops the run the same way: the traces of
+the share in flight get a ``JudgeStopped`` error (read again by the next run), the rest are
+left before the checkpoint.
 The run records and the summary prints the judge's calls, cache hits, tokens, estimated and
 actual spend.
 """
@@ -327,7 +330,7 @@ class TracesEvaluation:
         lines = [f"traces: {self.read} read, {len(self.scored)} scored in place"
                  + (f" (run {self.run_id})" if self.run_id else " (no run: nothing to score)")]
         for reason, n in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {n:>6} not scored: {reason}")
+            lines.append(f"  {n:>6} not scored: {reason.removeprefix('not scored: ')}")
         for trace_id, reason in list(self.unreadable.items())[:10]:
             lines.append(f"         unreadable {trace_id}: {reason}")
         if len(self.unreadable) > 10:
@@ -505,6 +508,8 @@ def _evaluate(client, experiment_id: str, suite: Suite, info: JudgeInfo, tag: st
     estimate = estimate_cost(suite.metrics, [c.record for c in todo], suite.judge,
                              done=[d | c for d, c in zip(done, cached)])
     budget.check(estimate, judge=suite.judge)  # BudgetExceeded: before any judge call, nothing written
+    if suite.judge is not None:  # a stop (an outage past its budget) holds for one run
+        suite.judge.restart()
     usage_before = judge_usage(suite.judge)
     outcome = TracesEvaluation(experiment_id, None, reading.read, [], dict(reading.skipped), estimate, budget, tag,
                                old, since_ms, unreadable=dict(reading.unreadable))
@@ -563,8 +568,9 @@ def _score_into_run(outcome: TracesEvaluation, client, suite: Suite, todo: list[
     try:
         scorer = TraceScorer(suite, outcome.budget, client, run_id, progress_wanted(progress), lease)
         unscored = scorer.score(todo, outcome.estimate.row_costs, page_size)
+        stopped = suite.judge.stopped() if suite.judge is not None else None
         if unscored:
-            outcome.skipped["not scored: the budget was reached"] = len(unscored)
+            outcome.skipped[f"not scored: {stopped}" if stopped else "not scored: the budget was reached"] = len(unscored)
         if scorer.gone:
             outcome.skipped["deleted before its Feedback was written"] = len(scorer.gone)
         outcome.scored = [c.trace_id for c in scorer.scored]

@@ -57,6 +57,8 @@ class TraceScorer:
                 if not self.budget.allows(sum(row_costs[start : start + step]), len(candidates) - start):
                     return list(candidates[start:])
                 self._score_share(candidates[start : start + step])
+                if self.suite.judge is not None and self.suite.judge.stopped():  # the rest: next run
+                    return list(candidates[start + step :])
         return []
 
     def _score_share(self, chunk: Sequence) -> None:

@@ -1,7 +1,7 @@
 """A judge cache that cannot be used costs the reuse, never the run's time or its rows.
 
 * Locked by another process (a real second process holding ``BEGIN EXCLUSIVE``): each read or
-  write waits for the lock at most what is left of the call's deadline (or a short bound), then
+  write waits for the lock a short bound (a read no longer than what is left of the deadline), then
   the row goes on uncached, with its reply, and the judge warns once; not N rows x 30 s.
 * A path that can never hold a cache (a directory, a folder that cannot be made) is refused
   when the cache is made, before any provider call.
@@ -28,7 +28,7 @@ from mlflow_rag_eval.testing import FakeJudgeServer
 PASSAGES = ["Bikes travel for a flat fare of 5 euros per journey.", "Dogs travel free on all trains."]
 #: What a cache wait cost before it was bounded: sqlite's busy timeout, per write, one at a time.
 OLD_WAIT_S = 30.0
-LOCK_WARNING = "is locked by another process"
+LOCK_WARNING = "is locked by another"  # "process" (the cache) or "writer (another process, or ...)" (the judge)
 
 # Holds sqlite's write lock on the file argv[1] until its stdin closes.
 HOLDER = """

@@ -174,22 +174,27 @@ def test_max_cost_below_the_estimate_refuses_before_any_call(app, monkeypatch):
     assert not [k for k in client.get_experiment(_experiment_id()).tags if k.startswith(CHECKPOINT_TAG)]
 
 
+#: a judge allowed long replies, as a reasoning model is: _costly_reply's 50k reply tokens fit its max_tokens
+LONG_REPLIES = 60_000
+
+
 def _costly_reply(tokens: int) -> Reply:
+    """A reply billed ``tokens`` reply tokens (a long reply, within :data:`LONG_REPLIES`)."""
     content = json.dumps({"claims": [{"claim": "The fare is 5 euros.", "supported": True, "reason": "stated",
                                       "evidence": None, "passage": 0}]})
     return Reply(body={"id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
                        "choices": [{"index": 0, "finish_reason": "stop",
                                     "message": {"role": "assistant", "content": content}}],
-                       "usage": {"prompt_tokens": tokens, "completion_tokens": 10}})
+                       "usage": {"prompt_tokens": 10, "completion_tokens": tokens}})
 
 
 def test_a_run_that_reaches_max_cost_stops_and_keeps_what_it_scored(app, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     ids = app.serve(QUESTIONS[:10])
-    # Each reply reports 200k prompt tokens ($0.03 at gpt-4o-mini's price): far above the estimate.
-    with FakeJudgeServer(model="gpt-4o-mini", reply=_costly_reply(200_000)) as server:
-        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server), max_cost=0.05, page_size=2,
-                              lag=0)
+    # Each reply reports 50k reply tokens ($0.03 at gpt-4o-mini's price): far above the estimate.
+    with FakeJudgeServer(model="gpt-4o-mini", reply=_costly_reply(50_000)) as server:
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=_llm(server, max_tokens=LONG_REPLIES),
+                              max_cost=0.05, page_size=2, lag=0)
     # The first trace's reply cost 0.03, hundreds of times its estimate: the next trace is
     # reserved at that rate, which the cap no longer allows. The cap holds: spent <= max_cost.
     assert out.estimate.cost_usd < 0.05 and server.calls == 1
@@ -199,7 +204,7 @@ def test_a_run_that_reaches_max_cost_stops_and_keeps_what_it_scored(app, monkeyp
     tags = MlflowClient().get_run(out.run_id).data.tags
     assert tags["rag_eval.budget.stopped"].startswith("max_cost=$0.05 reached: $0.0300 spent")
     assert float(tags["rag_eval.budget.spent_usd"]) <= 0.05 and tags["rag_eval.budget.rows_not_scored"] == "9"
-    assert tags["rag_eval.judge.calls"] == "1" and tags["rag_eval.judge.tokens_in"] == "200000"
+    assert tags["rag_eval.judge.calls"] == "1" and tags["rag_eval.judge.tokens_out"] == "50000"
     assert [len(_our_feedback(client, t)) for t in ids] == [1] + [0] * 9
     # The checkpoint stays before the first trace left unscored: the next run picks it up.
     assert out.checkpoint_ms == client.get_trace(ids[1]).info.request_time - 1
@@ -251,14 +256,14 @@ def test_the_engine_stops_at_max_cost_and_leaves_the_rest_unscored(monkeypatch):
     frame = pd.DataFrame({"question": [f"Question {i}?" for i in range(40)], "answer": ["5 euros."] * 40,
                           "contexts": [[f"Passage {i}: bikes cost 5 euros."] for i in range(40)]})
     records = records_from_frame(frame)
-    with FakeJudgeServer(model="gpt-4o-mini", reply=_costly_reply(200_000)) as server:
+    with FakeJudgeServer(model="gpt-4o-mini", reply=_costly_reply(50_000)) as server:
         budget = Budget(0.05)
-        result = evaluate_records(records, ["faithfulness"], _llm(server), budget=budget)
+        result = evaluate_records(records, ["faithfulness"], _llm(server, max_tokens=LONG_REPLIES), budget=budget)
     rows = result.metrics[0].rows
-    # The run's first call goes alone and reports 200k prompt tokens: every later call of the
-    # batch is reserved at that rate, which the cap no longer allows (refused: the row's error,
+    # The run's first call goes alone and reports 50k reply tokens: every later call of the
+    # batch is reserved at that length, which the cap no longer allows (refused: the row's error,
     # no request sent); the next batches are not started. The cap holds: $0.03 of $0.05.
-    assert server.calls == 1 and budget.spent == pytest.approx(0.030006) and budget.ledger.calls_refused == 15
+    assert server.calls == 1 and budget.spent == pytest.approx(0.0300015) and budget.ledger.calls_refused == 15
     assert sorted(r.status for r in rows[:16]) == ["error"] * 15 + ["scored"]
     assert {r.error.split(":")[0] for r in rows[:16] if r.status == "error"} == {"BudgetExhausted"}
     assert [r.status for r in rows[16:]] == ["skipped"] * 24
@@ -615,3 +620,42 @@ def test_a_misspelled_experiment_is_answered_with_the_closest_names(tracking_uri
                                            "--tracking-uri", uri])
         assert result.exit_code == 2, result.output
         assert "no experiment named 'kestrel-prd' (did you mean 'kestrel-prod'?)" in result.output
+
+
+def test_a_judge_that_stays_away_past_its_outage_budget_stops_the_run_and_the_next_run_finishes(app, monkeypatch):
+    """Issue 47 on production traces: what was judged before the outage keeps its Feedback, the
+    traces of the share in flight get a JudgeStopped error (judged again next run), the rest are
+    left for the next run (the checkpoint before them), which asks for nothing twice."""
+    from mlflow_rag_eval.testing.faults import FaultMix, FaultyServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    ids = app.serve(QUESTIONS[:8])
+    client = MlflowClient()
+    ids = sorted(ids, key=lambda t: (client.get_trace(t).info.request_time, t))  # the order traces are read in
+    records = {t: record_from_trace(client.get_trace(t)) for t in ids}
+    held = {t: (r.answer, *(c.text for c in r.contexts)) for t, r in records.items()}  # what its prompt holds
+    assert len(set(held.values())) == len(ids)
+    mix = FaultMix(outage_after=2, outage_s=float("inf"))
+
+    def asked(requests) -> list[str]:
+        return [t for r in requests for t in ids if all(text in r.prompt for text in held[t])]
+
+    with FaultyServer(mix) as server:
+        judge = f"openai:/gpt-4o-mini?base_url={server.base_url}"
+        out = evaluate_traces("tests", metrics=["faithfulness"], judge=get_judge(judge, cache=False, outage_budget=1),
+                              page_size=2, since_last=True, lag=0)
+        first = asked(server.requests[:2])
+        in_flight = [_our_feedback(client, t)["faithfulness"].error for t in ids[2:4]]
+        mix.outage_s, before = 0.0, server.calls  # the provider is back
+        again = evaluate_traces("tests", metrics=["faithfulness"], judge=get_judge(judge, cache=False), page_size=2,
+                                since_last=True, lag=0)
+        second = asked(server.requests[before:])
+
+    (reason, n), = out.skipped.items()
+    assert reason.startswith("not scored: judge 'openai:/gpt-4o-mini' stopped answering: no answer for 1 s") and n == 4
+    assert sorted(first) == sorted(ids[:2]) and all(_our_feedback(client, t)["faithfulness"].error is None
+                                                    for t in ids[:2])
+    assert [e.error_code for e in in_flight] == ["JudgeStopped"] * 2  # the share in flight: read again next run
+    assert out.checkpoint_ms == client.get_trace(ids[4]).info.request_time - 1
+    assert sorted(second) == sorted(ids[2:]) and sorted(again.scored) == sorted(ids[2:])
+    assert all(_our_feedback(client, t)["faithfulness"].error is None for t in ids)

@@ -56,9 +56,12 @@ class LLMSettings:
       network blip) would otherwise cost the night's evaluation. Its calls then wait (their
       own deadlines and retries paused) while one request at a time probes the server, 1 s
       apart growing to 15 s; the first answer ends the outage and every call goes on. Only an
-      outage longer than ``outage_budget``, counted from its first failure, raises
-      :class:`JudgeUnreachable`. A judge that never answered still fails fast; 0 turns the
-      wait off (fail fast always, as before).
+      outage longer than ``outage_budget``, counted from its first failure, stops the judge
+      asking for the rest of the evaluation: the rows it had not judged fail as
+      ``JudgeStopped`` at once and the run ends with every verdict given, marked stopped (a
+      rerun takes those from the cache and asks only for the rest). A judge that never
+      answered still fails fast (:class:`JudgeUnreachable`, nothing logged); 0 turns the wait
+      off (fail fast always, as before).
     - ``rate_limit`` (requests per second): a provider's quota is per time, not per
       connection, and ``concurrency`` alone lets fast replies exceed it (then every request
       pays 429s and backoff). Each request, first attempt or retry, takes the next free slot

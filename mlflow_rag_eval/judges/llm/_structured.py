@@ -18,8 +18,11 @@ So one structured reply costs at most two provider calls. Callers must not retry
 an adapter that re-asks after a ParseError, or a library's own re-parse loop, would multiply
 that bound.
 
-The cache is read and written inside the call's ``deadline``: each waits for the cache file's
-lock at most :data:`CACHE_LOCK_WAIT_S` or what is left of the deadline, whichever is smaller.
+The cache is read inside the call's ``deadline``: a read waits for the cache file's lock at most
+:data:`CACHE_LOCK_WAIT_S` or what is left of the deadline, whichever is smaller. A write waits
+:data:`CACHE_LOCK_WAIT_S` whatever is left: the reply is paid for, and storing it is what spares
+a rerun the call (after an outage waited out, every call's deadline has passed, and a whole
+pool of replies arrives at once; bench/faults.py lost them to a zero wait).
 A cache locked by another process then costs the reuse, never the row: the read is a miss, the
 reply is used unstored, and the judge says so once (not once per row).
 """
@@ -109,6 +112,8 @@ def ask(transport: Transport, cache: JudgeCache, key_for: Callable[[str], str], 
     if transport.cache_only:
         raise JudgeFailure("NotCached", "no cached reply (a cache probe asks no provider)")
     try:
+        if transport.stopped is not None:  # an outage outlasted its budget: nothing more is asked
+            raise transport.stopped_failure()
         parsed, reply, mode = _validated_reply(transport, request, validate, deadline)
     except JudgeUnreachable:
         raise
@@ -150,7 +155,8 @@ def _lock_wait(deadline: float) -> float:
 def _cache_locked(transport: Transport, exc: JudgeCacheLocked) -> None:
     """Say once per judge that its cache is locked: every row meets it while the lock lasts."""
     if transport.first_notice("cache-locked"):
-        _logger.warning("judge %s: the cache file %s is locked by another process (no lock within %.2g s); "
+        _logger.warning("judge %s: the cache file %s is locked by another writer (another process, or this "
+                        "run's other threads; no lock within %.2g s); "
                         "rows go on uncached (replies are used, neither read back nor stored) while it stays "
                         "locked", transport.name, exc.path, exc.wait)
 
@@ -169,7 +175,7 @@ def _store(transport: Transport, cache: JudgeCache, key: str, reply: ChatReply, 
     entry = {"text": reply.text, "model": reply.model, "system_fingerprint": reply.system_fingerprint,
              "tokens_in": reply.tokens_in, "tokens_out": reply.tokens_out}
     try:
-        cache.put(key, entry, wait=_lock_wait(deadline))
+        cache.put(key, entry, wait=CACHE_LOCK_WAIT_S)
     except JudgeCacheLocked as exc:
         _cache_locked(transport, exc)
     except Exception as exc:  # noqa: BLE001

@@ -14,8 +14,9 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
 - **Outages.** A judge that answered before and then reaches a fail-fast count is waited for,
   up to ``outage_budget`` seconds: its calls pause (deadlines and retries with them) while one
   request at a time probes the server with growing gaps (a circuit that half-opens); the first
-  answer closes it. Past the budget it is :class:`JudgeUnreachable`, as a judge that never
-  answered is at once.
+  answer closes it. Past the budget the judge stops asking (:meth:`Transport.stop`): every
+  row it had not judged fails as ``JudgeStopped``, at once, and the evaluation ends with every
+  verdict given kept (a rerun takes them from the cache and asks only for the rest).
 - **Schema fallback.** A server that refuses the requested structured-output format
   (``SchemaUnsupported``) is asked the next way: ``json_schema``, then ``json_object`` where
   the backend has it, then prompt-and-parse. The switch is made once per judge, remembered
@@ -32,6 +33,7 @@ Below the structured-output path (:mod:`.structured`), once for every provider:
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -40,7 +42,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mlflow_rag_eval._util.text import shorten
-from mlflow_rag_eval.judges.base import JudgeFailure, JudgeUnreachable
+from mlflow_rag_eval.judges.base import JUDGE_STOPPED, JudgeFailure, JudgeUnreachable
 from mlflow_rag_eval.judges.llm.chat import (
     CONNECTION_ERROR,
     RESPONSE_FORMATS,
@@ -206,6 +208,9 @@ class Transport:
         self._reported_lock = threading.Lock()
         #: a cache probe (:meth:`LLMJudge.cache_probe`): a reply not in the cache is not asked for
         self.cache_only = False
+        #: why the judge stopped asking (an outage past its budget), None while it asks: from
+        #: then on a reply not in the cache is a row's ``JudgeStopped`` failure, asked of no one
+        self.stopped: str | None = None
         #: the evaluation's spend ledger while one is metering this judge (:meth:`LLMJudge.metered`)
         self.ledger: CostLedger | None = None
 
@@ -261,7 +266,7 @@ class Transport:
         """One reply, retrying transient errors with backoff under the deadline.
 
         Each attempt gets ``min(timeout, time left)`` as its total budget, so no attempt can
-        outlive the call's deadline. Raises JudgeFailure (retries spent, deadline passed),
+        outlive the call's deadline. Raises JudgeFailure (retries spent, deadline passed, the judge stopped),
         PermanentError, or JudgeUnreachable from the fail-fast count.
         """
         s = self.settings
@@ -270,6 +275,8 @@ class Transport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise JudgeFailure("DeadlineExceeded", f"no reply within {s.deadline:g} s")
+            if self.stopped is not None:  # stopped while this call waited (a retry, the rate limit)
+                raise self.stopped_failure()
             self.check_reachable()
             waited = self._wait_out_outage()
             if waited:  # the outage's time is not the call's: its deadline and retries start again
@@ -313,7 +320,7 @@ class Transport:
                 charge = "estimate"  # a reply came: charged at the estimate unless its usage settles it
                 self._note_answer()
                 reply = redacted(reply)
-                tokens_in, tokens_out, prices = self._account(reply)
+                tokens_in, tokens_out, prices = self._account(reply, request)
                 if hold is not None:
                     ledger.settle(hold, tokens_in, tokens_out, prices)
                 charge = "settled"
@@ -386,12 +393,10 @@ class Transport:
         if outage:
             if now - since <= budget:
                 return  # an outage, waited out (_wait_out_outage)
-            raise JudgeUnreachable(
-                f"judge {self.name!r} stopped answering: no answer for {now - since:.0f} s after it had answered "
-                f"before ({count} connection failures, {timeouts} timeouts in a row; the last: "
-                f"{last or 'a timeout'}), longer than LLMSettings.outage_budget={budget:g} s. The replies it gave "
-                "are in the judge cache: run the evaluation again once the provider is back"
-            )
+            self.stop(f"judge {self.name!r} stopped answering: no answer for {budget:g} s after it had answered "
+                      f"before ({count} connection failures, {timeouts} timeouts in a row; the last: "
+                      f"{last or 'a timeout'}), past LLMSettings.outage_budget={budget:g} s")
+            raise self.stopped_failure()
         if limit and count >= limit and now - when < UNREACHABLE_HOLD_S:
             raise JudgeUnreachable(
                 f"judge {self.name!r} is unreachable: {count} consecutive connection failures, "
@@ -405,6 +410,31 @@ class Transport:
                 f"overloaded, or raise LLMSettings.timeout; the evaluation stopped before logging anything "
                 f"(LLMSettings.unreachable_after_timeouts={timeout_limit})"
             )
+
+    def stop(self, reason: str) -> None:
+        """Ask no more (the first reason holds): every later call the cache cannot answer is
+        :meth:`stopped_failure`, at once. The rows judged so far keep their verdicts."""
+        with self._health_lock:
+            if self.stopped is not None:
+                return
+            self.stopped = reason
+        _logger.warning("%s: the rows not judged yet fail as JudgeStopped; a rerun asks only for them (the "
+                        "judge cache holds every reply given)", reason)
+
+    def stopped_failure(self) -> JudgeFailure:
+        """A row's failure once the judge has stopped asking: what happened and how to finish."""
+        return JudgeFailure(JUDGE_STOPPED, f"not judged: {self.stopped}. Run the evaluation again once the "
+                                           "provider answers: the rows judged come from the judge cache")
+
+    def restart(self) -> None:
+        """Ask again (a new evaluation): the stop and the outage behind it are forgotten, so the
+        first call probes the server and a never-answering one fails fast as for a new judge."""
+        with self._health_lock:
+            self.stopped = None
+            self._answers = 0
+            self._outage_declared = False
+            self._connection_failures = self._timeouts = 0
+            self._next_probe, self._probe_gap = 0.0, PROBE_FIRST_S
 
     def _in_outage(self) -> bool:
         """Whether the judge answered before and has now reached a fail-fast count (within the
@@ -477,12 +507,32 @@ class Transport:
         max_out = token_count(request.params.get("max_tokens")) or self.settings.max_tokens
         return ledger.reserve(CallCost(tokens_in, tokens_out, max_out, *price), deadline)
 
-    def _account(self, reply: ChatReply) -> tuple[int | None, int | None, tuple[float, float] | None]:
+    def _plausible(self, tokens: int | None, most: int | None, what: str) -> int | None:
+        """``tokens`` as reported, or None (unknown: charged at the estimate) when it is more than
+        the call could hold: a prompt of more tokens than it has bytes, a reply past ``max_tokens``.
+        One server bug ("prompt_tokens": 10**12) must not stop a capped run at its first reply."""
+        if tokens is None or most is None or tokens <= most:
+            return tokens
+        if self.first_notice(f"implausible-{what}"):
+            _logger.warning("judge %s: the server reported %d %s tokens for a call that can hold at most %d; such "
+                            "counts are charged at the estimate and counted in usage_unknown", self.name, tokens, what,
+                            most)
+        return None
+
+    def _account(self, reply: ChatReply, request: ChatRequest | None = None
+                 ) -> tuple[int | None, int | None, tuple[float, float] | None]:
         """Add a reply's tokens and cost to the usage; returns its (prompt, reply) tokens (None
         where unknown) and the prices they cost. Never raises: unreadable usage counts as
-        unknown tokens (``usage_unknown``), not as the row's failure."""
+        unknown tokens (``usage_unknown``), not as the row's failure; so does a count more than
+        the call could hold (:meth:`_plausible`)."""
         try:
             tin, tout = token_count(reply.tokens_in), token_count(reply.tokens_out)
+            if request is not None:
+                sent = sum(len(str(m.get("content", "")).encode()) + 16 for m in request.messages)
+                sent += len(json.dumps(request.schema).encode()) if request.schema else 0
+                tin = self._plausible(tin, sent + 64, "prompt")
+                tout = self._plausible(tout, token_count(request.params.get("max_tokens")) or self.settings.max_tokens,
+                                       "reply")
             model = reply.model if isinstance(reply.model, str) and reply.model else None
             fingerprint = reply.system_fingerprint if isinstance(reply.system_fingerprint, str) else None
             price = self._price(model)

@@ -40,8 +40,8 @@ def token_count(value: Any) -> int | None:
 class Usage:
     """Running totals of what a judge spent; thread-safe.
 
-    ``usage_unknown`` counts replies whose token counts were missing or unreadable (their
-    tokens are not in the totals). ``response_formats`` counts provider calls by how the
+    ``usage_unknown`` counts replies whose token counts were missing, unreadable or more than
+    the call could hold (their tokens are not in the totals; a cap charges them at the estimate). ``response_formats`` counts provider calls by how the
     schema was asked for (``json_schema``, ``json_object``, ``schema`` for a backend's only
     way, ``prompt`` for prompt-and-parse), and ``schema_fallbacks`` each switch the judge made
     after a server refused a format (``"json_schema->json_object"``), so a fallback is never

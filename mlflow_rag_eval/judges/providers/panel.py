@@ -141,6 +141,13 @@ class PanelJudge(Judge):
             members=infos,
         )
 
+    def stopped(self) -> str | None:
+        return next((reason for reason in (m.stopped() for m in self.members) if reason), None)
+
+    def restart(self) -> None:
+        for member in self.members:
+            member.restart()
+
     def usage(self) -> dict[str, Any]:
         """Numbers summed over members (counters merged), and each member's own usage."""
         each = [m.usage() for m in self.members]

@@ -15,7 +15,6 @@ import time
 
 import pandas as pd
 import pytest
-from faulty_server import FaultyServer, Hang, Reply, Reset, Trickle, completion
 
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.judges.base import ClaimsItem, JudgeFailure, JudgeUnreachable
@@ -25,6 +24,7 @@ from mlflow_rag_eval.judges.llm.judge import LLMJudge
 from mlflow_rag_eval.judges.providers.openai import OpenAICompatBackend
 from mlflow_rag_eval.records import records_from_frame
 from mlflow_rag_eval.testing import free_port
+from mlflow_rag_eval.testing.faults import Answer, FaultyServer, Hang, Reset, Trickle, completion
 
 #: Seconds a case may run past its stated deadline: thread scheduling on a shared machine.
 SLACK = 1.5
@@ -91,8 +91,8 @@ def one_row(judge: LLMJudge, text: str = "Bikes cost 7 euros."):
     return outcome
 
 
-def own_reply(request) -> Reply:
-    return Reply(body=completion(json.dumps(OWN)))
+def own_reply(request) -> Answer:
+    return Answer(body=completion(json.dumps(OWN)))
 
 
 def row_of(request) -> int:
@@ -177,11 +177,15 @@ def _frame(n: int) -> pd.DataFrame:
                          "answer": [f"Row {i}: bikes cost 7 euros." for i in range(n)], "contexts": [PASSAGES] * n})
 
 
-def test_an_outage_in_the_middle_of_a_run_is_waited_out_and_every_row_is_scored(faulty_server):
+def test_an_outage_in_the_middle_of_a_run_is_waited_out_and_every_row_is_scored(faulty_server, tmp_path):
     """Issue 47: the provider drops every connection for a while after a good start; the run
-    used to stop with JudgeUnreachable after 16 failures and log nothing."""
+    used to stop with JudgeUnreachable after 16 failures and log nothing. Every reply is in the
+    cache after it: the calls waited past their deadline (2 s), and their replies, arriving
+    together, used to be stored with no wait for the cache's lock and were lost to a rerun."""
     server = faulty_server(_outage_after(10, 3.0))
-    judge = judge_for(server.base_url, max_retries=2, outage_budget=30)
+    cache = JudgeCache(tmp_path / "judge-cache.sqlite")
+    judge = LLMJudge(OpenAICompatBackend(MODEL, base_url=server.base_url), cache=cache, backoff_base=0.05,
+                     backoff_max=0.2, max_retries=2, outage_budget=30, deadline=2.0, concurrency=8)
     result = timed("3 s outage after 10 calls", 12.0,
                    lambda: evaluate_records(records_from_frame(_frame(40)), metrics=["faithfulness"], judge=judge))
     (metric,) = result.metrics
@@ -189,14 +193,46 @@ def test_an_outage_in_the_middle_of_a_run_is_waited_out_and_every_row_is_scored(
     resets = server.calls - 40
     print(f"[fault] outage: {resets} requests reset, {judge.usage()['retries']} retries")
     assert resets <= judge._unreachable_limit() + judge._concurrency() + 6  # probes, not a storm
+    rerun = LLMJudge(OpenAICompatBackend(MODEL, base_url=server.base_url), cache=cache)
+    evaluate_records(records_from_frame(_frame(40)), metrics=["faithfulness"], judge=rerun)
+    assert rerun.usage()["provider_calls"] == 0 and rerun.usage()["cache_hits"] == 40
 
 
-def test_an_outage_past_its_budget_stops_the_run_naming_it(faulty_server):
-    server = faulty_server(_outage_after(5, float("inf")))
-    judge = judge_for(server.base_url, outage_budget=2.0)
-    with pytest.raises(JudgeUnreachable, match=r"stopped answering: no answer for \d+ s .*outage_budget=2 s"):
-        timed("outage past a 2 s budget", 2.0 + 3.0,
-              lambda: evaluate_records(records_from_frame(_frame(30)), metrics=["faithfulness"], judge=judge))
+def test_an_outage_past_its_budget_stops_asking_and_keeps_every_row_judged(faulty_server, tmp_path):
+    """Issue 47: past the budget the run ends with the rows judged before and the rest named
+    (``JudgeStopped``); a rerun with the cache finishes them without asking again for any."""
+    down = {"until": float("inf")}
+    state = {"n": 0}
+
+    def respond(request):
+        state["n"] += 1
+        return own_reply(request) if state["n"] <= 12 or time.monotonic() > down["until"] else Reset()
+
+    server = faulty_server(respond)
+    cache = JudgeCache(tmp_path / "judge-cache.sqlite")
+    judge = LLMJudge(OpenAICompatBackend(MODEL, base_url=server.base_url), cache=cache, backoff_base=0.05,
+                     backoff_max=0.2, outage_budget=2.0)
+    result = timed("outage past a 2 s budget", 2.0 + 3.0,
+                   lambda: evaluate_records(records_from_frame(_frame(30)), metrics=["faithfulness"], judge=judge))
+    (metric,) = result.metrics
+    judged = [i for i, r in enumerate(metric.rows) if r.error is None]
+    assert len(judged) == 12 and all(metric.rows[i].value == 0.0 for i in judged)
+    stopped = [r.error for r in metric.rows if r.error is not None]
+    assert len(stopped) == 18 and len(set(stopped)) == 1, stopped
+    assert re.fullmatch(r"JudgeStopped: not judged: judge '.*' stopped answering: no answer for 2 s after it had "
+                        r"answered before \(.*\), past LLMSettings.outage_budget=2 s\. Run the evaluation again "
+                        r"once the provider answers: the rows judged come from the judge cache", stopped[0]), stopped[0]
+    figures = result.figures()
+    assert figures.rows_not_judged == 18 and figures.stopped == stopped[0].removeprefix("JudgeStopped: not judged: ")
+    assert "STOPPED, 18 rows not judged (JudgeStopped): judge" in result.summary_text()
+    asked_first = {row_of(r) for r in server.requests[:12]}
+
+    down["until"], before = 0.0, server.calls  # the provider is back; the same judge evaluates again
+    again = evaluate_records(records_from_frame(_frame(30)), metrics=["faithfulness"], judge=judge)
+    assert [r.error for r in again.metrics[0].rows] == [None] * 30 and again.figures().stopped is None
+    asked_again = [row_of(r) for r in server.requests[before:]]
+    assert sorted(asked_again) == sorted(set(range(30)) - asked_first)  # no call repeated
+    assert judge.usage()["cache_hits"] == 12
 
 
 def test_a_judge_that_never_answered_still_fails_fast_whatever_the_outage_budget():
@@ -211,7 +247,7 @@ def test_a_judge_that_never_answered_still_fails_fast_whatever_the_outage_budget
 def test_llama_cpp_500_to_json_schema_falls_back_once_and_is_remembered(faulty_server):
     def llama_cpp(request):
         if request.response_format == "json_schema":
-            return Reply(500, LLAMA_CPP_500)
+            return Answer(500, LLAMA_CPP_500)
         return own_reply(request)
 
     server = faulty_server(llama_cpp)
@@ -234,9 +270,9 @@ def test_llama_cpp_500_to_json_schema_falls_back_once_and_is_remembered(faulty_s
 def test_a_server_refusing_json_object_too_gets_prompt_and_parse(faulty_server):
     def strict(request):
         if request.response_format == "json_schema":
-            return Reply(500, LLAMA_CPP_500)
+            return Answer(500, LLAMA_CPP_500)
         if request.response_format == "json_object":
-            return Reply(400, {"error": {"message": "Unknown parameter: 'response_format.schema'."}})
+            return Answer(400, {"error": {"message": "Unknown parameter: 'response_format.schema'."}})
         return own_reply(request)
 
     server = faulty_server(strict)
@@ -250,7 +286,7 @@ def test_a_server_refusing_json_object_too_gets_prompt_and_parse(faulty_server):
 def test_unreadable_usage_in_one_reply_costs_its_tokens_not_the_batch(faulty_server):
     def usage_bug(request):
         if row_of(request) == 13:
-            return Reply(body=completion(json.dumps(OWN), usage={"prompt_tokens": "many", "completion_tokens": [5]}))
+            return Answer(body=completion(json.dumps(OWN), usage={"prompt_tokens": "many", "completion_tokens": [5]}))
         return own_reply(request)
 
     server = faulty_server(usage_bug)
@@ -263,15 +299,34 @@ def test_unreadable_usage_in_one_reply_costs_its_tokens_not_the_batch(faulty_ser
     assert server.calls == 20
 
 
+def test_a_reply_claiming_more_tokens_than_the_call_holds_does_not_spend_a_capped_run(faulty_server):
+    """Found by bench/faults.py: one reply reporting 10**12 tokens was charged $750,000 and
+    stopped a run under a $100 cap at once; such a count is charged at the estimate instead."""
+    from mlflow_rag_eval.evaluation.budget import Budget
+
+    def huge_once(request):
+        if row_of(request) == 3:
+            return Answer(body=completion(json.dumps(OWN), usage={"prompt_tokens": 10**12, "completion_tokens": 10**12}))
+        return own_reply(request)
+
+    server = faulty_server(huge_once)
+    judge = LLMJudge(OpenAICompatBackend("gpt-4o-mini", base_url=server.base_url), cache=False)
+    budget = Budget(1.0)
+    result = evaluate_records(records_from_frame(_frame(12)), metrics=["faithfulness"], judge=judge, budget=budget)
+    assert [r.error for r in result.metrics[0].rows] == [None] * 12 and budget.stopped is None
+    usage = judge.usage()
+    assert usage["usage_unknown"] == 1 and usage["tokens_in"] < 10**6 and budget.spent < 0.01
+
+
 def test_one_garbage_reply_is_one_rows_named_error_in_an_evaluation(faulty_server):
     def one_bad(request):
         row = row_of(request)
         if row == 1:
-            return Reply(body=completion("Sorry, I cannot judge this."))  # twice: no JSON at all
+            return Answer(body=completion("Sorry, I cannot judge this."))  # twice: no JSON at all
         if row == 2:
-            return Reply(body=completion("[" * 100_000))  # nested past the JSON parser's limit
+            return Answer(body=completion("[" * 100_000))  # nested past the JSON parser's limit
         if row == 3:
-            return Reply(body=completion(json.dumps(OWN), usage={"prompt_tokens": {"n": 1}}))
+            return Answer(body=completion(json.dumps(OWN), usage={"prompt_tokens": {"n": 1}}))
         return own_reply(request)
 
     server = faulty_server(one_bad)
@@ -307,7 +362,7 @@ def test_one_garbage_reply_is_one_rows_named_error_in_an_evaluation(faulty_serve
          "own-then-quoted", "own-then-quoted-fence", "only-quoted"],
 )
 def test_json_quoted_from_the_answer_never_decides_the_verdict(faulty_server, reply, expect, request):
-    server = faulty_server(lambda _: Reply(body=completion(reply)))
+    server = faulty_server(lambda _: Answer(body=completion(reply)))
     judge = judge_for(server.base_url)
     outcome = timed(request.node.callspec.id, 2.0, lambda: one_row(judge, ANSWER_WITH_JSON))
     if expect == "ParseError":
@@ -328,7 +383,7 @@ def test_an_api_key_echoed_in_a_reply_never_reaches_the_verdict_or_the_cache(fau
     def echo(request):
         key = request.headers["authorization"].removeprefix("Bearer ")
         verdict = {"claims": [{**OWN["claims"][0], "reason": f"your key is {key}"}]}
-        return Reply(body=completion(json.dumps(verdict), model=f"echo-{key}"))
+        return Answer(body=completion(json.dumps(verdict), model=f"echo-{key}"))
 
     server = faulty_server(echo)
     judge = LLMJudge(OpenAICompatBackend(MODEL, base_url=server.base_url),
@@ -358,7 +413,7 @@ def test_a_rate_limit_holds_for_all_threads_and_retries_together(faulty_server):
             first = row_of(request) not in seen
             seen.add(row_of(request))
         if first:  # every row's first attempt is refused once: its retry must queue too
-            return Reply(status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": "0"})
+            return Answer(status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": "0"})
         return own_reply(request)
 
     server = faulty_server(respond)
