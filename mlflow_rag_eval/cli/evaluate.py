@@ -103,7 +103,6 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
     field, an estimate above --max-cost, or a failed-row share above --max-error-rate (the run
     keeps the evidence).
     """
-    import mlflow
 
     _check_evaluate_route(data_path, traces_experiment,
                           spark_master or columns or no_traces or output is not None or dataset_name is not None,
@@ -130,8 +129,6 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
     from mlflow_rag_eval.evaluation.engine import evaluate_records
     from mlflow_rag_eval.evaluation.slices import attach_columns, check_frame, check_slice_by, slice_members
     from mlflow_rag_eval.records import ColumnMapping, records_from_frame
-    from mlflow_rag_eval.results import ErrorRateExceeded
-    from mlflow_rag_eval.tracking.run_logging import announce, log_dataset_input, log_evaluation
 
     try:
         mapping = ColumnMapping.from_config(_column_mapping(columns))
@@ -151,11 +148,25 @@ def evaluate_command(data_path, traces_experiment, trace_filter, lag, lease_wait
         click.echo(f"cannot evaluate: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
     _use_store(tracking_uri, experiment)
+    _log_and_announce(result, budget, data_path, dataset_name, run_name, slice_fields, no_traces=no_traces,
+                      progress=False if no_progress else None, run_metrics=run_metrics, max_error_rate=max_error_rate)
+
+
+def _log_and_announce(result, budget, data_path, dataset_name, run_name, slice_fields, *, no_traces, progress,
+                      run_metrics, max_error_rate) -> None:
+    """Log an evaluation of rows read from ``data_path`` into a new run, print its summary and
+    its run id last; exit 2 when the judge stopped or too many rows failed (the run is logged
+    either way: it keeps the evidence)."""
+    import mlflow
+
+    from mlflow_rag_eval.results import ErrorRateExceeded
+    from mlflow_rag_eval.tracking.run_logging import announce, log_dataset_input, log_evaluation
+
     with mlflow.start_run(run_name=run_name) as run:
         # The dataset first: the run's description names it.
         log_dataset_input(run.info.run_id, str(Path(data_path).resolve()), result.dataset_digest, name=dataset_name)
         log_evaluation(result, run.info.run_id, log_traces=not no_traces, slice_by=slice_fields,
-                       tags=budget.run_tags(), progress=False if no_progress else None, run_metrics=run_metrics)
+                       tags=budget.run_tags(), progress=progress, run_metrics=run_metrics)
     figures = result.figures()
     if figures.stopped:  # logged with every row judged; not done, so not exit 0
         announce(figures)

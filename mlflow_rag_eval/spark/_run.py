@@ -129,19 +129,17 @@ def evaluate_spark(
             when a metric's share of failed rows is above it (the run keeps the evidence).
         run_name: the name of the run this call starts (when there is no active run nor ``run_id``).
         run_metrics: the run's MLflow metrics, as on every route (:data:`~mlflow_rag_eval.keys.RUN_METRICS`).
-        dataset_name: the golden set's name in the store, its dataset input (default ``golden-<digest8>``,
-            the name every route gives the same rows).
+        dataset_name: the golden set's name, its dataset input (default ``golden-<digest8>``, as on every route).
         judge_options: what the judge is built with (``get_judge(judge, **judge_options)``: an LLM
-            judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker.
+            judge's ``timeout``, ``deadline``, ``rate_limit``, ``concurrency``...), in every worker;
+            ``rate_limit`` and ``concurrency`` are the provider's total, shared by the workers
+            scoring at once (:func:`worker_share`).
 
     Raises:
         RecordError: the first bad cell (global row index and column), before any judge call and
             with nothing logged.
         JudgeUnreachable: a worker could not reach the judge; nothing is logged.
         ValueError: a ``slice_by`` field no row has, or with too many values, before any judge call.
-
-    An LLM judge's ``rate_limit`` and ``concurrency`` are what the provider sees in total: each
-    of the workers scoring at once gets its share (:func:`worker_share`).
     """
     _check_judge_name(judge)
     mapping = ColumnMapping.from_config(col_mapping)
@@ -156,9 +154,8 @@ def evaluate_spark(
 
     output = output or os.path.join(tempfile.mkdtemp(prefix="rag_eval_spark_"), "rows")
     out, context = _score(indexed, plan, suite, available, n_rows, output)
-    source = _dataset_source(data)
-
-    log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client, (source, dataset_name),
+    log = partial(_log_with_input, out, indexed, plan, n_rows, context, output, client,
+                  (_dataset_source(data), dataset_name),
                   max_table_rows=max_table_rows, seed=seed, log_traces=log_traces, run_metrics=run_metrics)
     if run_id is None:
         with mlflow.start_run(run_name=run_name) as run:
