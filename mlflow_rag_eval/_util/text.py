@@ -7,7 +7,7 @@ import difflib
 import re
 from collections.abc import Iterable
 
-__all__ = ["did_you_mean", "split_sentences", "content_tokens", "numbers", "readable_prefix", "strip_citations"]
+__all__ = ["did_you_mean", "did_you_mean_each", "split_sentences", "content_tokens", "numbers", "readable_prefix", "strip_citations"]
 
 # Split after . ! ? (optionally followed by a closing quote/bracket) when whitespace and an
 # upper-case letter, digit or quote follow, and on line breaks. Common abbreviations are
@@ -92,3 +92,15 @@ def did_you_mean(word: str, known: Iterable[str], suffix: str = "") -> str:
     if not close:
         return ""
     return " (did you mean " + " or ".join(repr(c + suffix) for c in close) + "?)"
+
+
+def did_you_mean_each(words: Iterable[str], known: Iterable[str]) -> str:
+    """:func:`did_you_mean` for several mistyped names at once (unknown options, keys): one
+    name gets its closest known names; several get the closest one each
+    (``" (did you mean 'timeout' for 'tmeout', 'seed' for 'sed'?)"``); ``""`` when none is close."""
+    words, known = list(words), list(known)
+    if len(words) == 1:
+        return did_you_mean(words[0], known)
+    pairs = [(difflib.get_close_matches(w, known, n=1, cutoff=0.6), w) for w in words]
+    found = [f"{close[0]!r} for {w!r}" for close, w in pairs if close]
+    return f" (did you mean {', '.join(found)}?)" if found else ""

@@ -170,6 +170,7 @@ from pydantic import (
     model_validator,
 )
 
+from mlflow_rag_eval._util.text import did_you_mean
 from mlflow_rag_eval.gate.policy_file import PolicyError, dotted, read_policy_text
 from mlflow_rag_eval.keys import (
     AGGREGATES,
@@ -564,7 +565,8 @@ def _message(error: dict[str, Any]) -> str:
     kind, value, ctx, loc = error["type"], error.get("input"), error.get("ctx") or {}, error["loc"]
     got = f"{type(value).__name__} ({value!r})"
     if kind == "extra_forbidden":
-        return f"unknown key; known: {sorted(_node(loc[:-1]).get('properties', {}))}"
+        known = sorted(_node(loc[:-1]).get("properties", {}))
+        return f"unknown key{did_you_mean(str(loc[-1]), known)}; known: {known}"
     if kind in ("float_type", "float_parsing"):
         return f"must be a number, got {got}"
     if kind in ("int_type", "int_parsing", "int_from_float"):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from mlflow_rag_eval._util.text import did_you_mean
+from mlflow_rag_eval._util.text import did_you_mean, did_you_mean_each
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow_rag_eval.judges.base import Judge
@@ -131,7 +131,8 @@ def llm_judge(backend: Any, *, name: str, **options: Any) -> Judge:
     allowed = {f.name for f in dataclasses.fields(LLMSettings)} | {"settings", "cache"}
     unknown = set(options) - allowed
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} for judge {name!r}; allowed: {sorted(allowed)}")
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for judge {name!r}"
+                         f"{did_you_mean_each(sorted(unknown), allowed)}; allowed: {sorted(allowed)}")
     return LLMJudge(backend, name=name, **options)
 
 
@@ -299,7 +300,8 @@ def split_judge_name(
         )
         allowed = sorted(options) or "none"
         raise ValueError(
-            f"unknown option(s) {unknown} in judge name {base!r}; allowed: {allowed}{hint}"
+            f"unknown option(s) {unknown} in judge name {base!r}{did_you_mean_each(unknown, options)}; "
+            f"allowed: {allowed}{hint}"
         )
     parsed: dict[str, Any] = {}
     for key, value in pairs:

@@ -52,6 +52,15 @@ def test_a_misspelled_metric_or_statistic_is_an_unusable_policy(registry, local_
     assert decision.reasons[0].startswith(f"gate policy: {expected}"), decision.reasons
 
 
+def test_a_misspelled_policy_key_gets_the_closest_key_at_its_level():
+    with pytest.raises(PolicyError, match=r"max_regresion: unknown key \(did you mean 'max_regression' or .*\); known: "):
+        load_policy({**POLICY, "max_regresion": {"faithfulness": 0.03}})
+    with pytest.raises(PolicyError, match=r"calibration.requried: unknown key \(did you mean 'required'\?\)"):
+        load_policy({**POLICY, "calibration": {"requried": False}})
+    with pytest.raises(PolicyError, match=r"zzz: unknown key; known: "):  # nothing close: no guess
+        load_policy({**POLICY, "zzz": 1})
+
+
 def test_a_misspelled_metric_under_max_regression_or_require_metrics_is_refused():
     with pytest.raises(PolicyError, match=r"max_regression.ndgc@10: unknown metric 'ndgc@10' \(did you mean 'ndcg@10'"):
         load_policy({**POLICY, "max_regression": {"ndgc@10": 0.02}})

@@ -163,6 +163,18 @@ def test_llm_settings_reach_every_llm_provider(scheme, gguf):
         get_judge(name, tmeout=180)
 
 
+@pytest.mark.parametrize(("name", "options", "hint"), [
+    ("openai:/m?base_ur=http://h", {}, "(did you mean 'base_url'?)"),
+    ("local:minilm-l6?support_treshold=0.5", {}, "(did you mean 'support_threshold'"),
+    ("local:minilm-l6", {"support_treshold": 0.5}, "(did you mean 'support_threshold'"),
+    ("openai:/m", {"tmeout": 5, "concurency": 2}, "(did you mean 'concurrency' for 'concurency', 'timeout' for 'tmeout'?)"),
+])
+def test_a_misspelled_judge_option_gets_the_closest_option(name, options, hint):
+    with pytest.raises(ValueError, match="unknown option") as raised:
+        get_judge(name, **options)
+    assert hint in str(raised.value)
+
+
 @pytest.mark.parametrize(
     "name, allowed",
     [

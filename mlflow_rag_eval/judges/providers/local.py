@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_rag_eval._util.text import content_tokens, shorten, split_sentences, strip_citations
+from mlflow_rag_eval._util.text import content_tokens, did_you_mean_each, shorten, split_sentences, strip_citations
 from mlflow_rag_eval.judges.base import (
     Judge,
     JudgeInfo,
@@ -398,7 +398,8 @@ def _local_judge(settings: LocalJudgeSettings, *, name: str, **options: Any) -> 
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
-            f"unknown option(s) {unknown} for judge {name!r}; allowed: {sorted(allowed)} "
+            f"unknown option(s) {unknown} for judge {name!r}{did_you_mean_each(unknown, allowed)}; "
+            f"allowed: {sorted(allowed)} "
             "(LLM settings such as timeout or temperature do not apply to the local judge)"
         )
     return LocalJudge(settings, **options)
