@@ -286,3 +286,50 @@ def test_answerable_rows_show_no_null_abstention_in_the_run_table(ui, demo, chro
     answerable = [r for r in rows if re.search(r"\} true ", r)]
     assert answerable, text[:3000]
     assert not [r for r in answerable if " null " in r], answerable[:2]
+
+
+def test_a_dataframe_golden_set_is_named_on_the_evaluation_runs_page(tracking_uri, chromium, tmp_path):
+    """Issue 45: a golden set written by hand as a DataFrame and passed as
+    ``golden_dataset(frame, name)`` is named so in the Dataset column of the Evaluation runs page.
+    A bare frame with ``dataset_name`` gets the named input too, but MLflow logs its own
+    ``dataset`` input first and the page shows that one: the docs say to pass golden_dataset.
+    The screenshot is kept for a person to see."""
+    import json
+
+    import mlflow
+    import pandas as pd
+
+    from mlflow_rag_eval.golden import golden_dataset
+    from mlflow_rag_eval.testing import mlflow_server
+
+    passages = [{"id": "p1", "text": "A weekly pass costs 38 euros."}, {"id": "p2", "text": "The office opens at 9."}]
+    frame = pd.DataFrame({
+        "question": ["How much is a weekly pass?", "When does the office open?"],
+        "relevant_ids": [["p1"], ["p2"]],
+        "answer": ["38 euros.", "At 9."],
+        "contexts": [passages, passages[::-1]],
+    })
+    config = {"metrics": ["mrr", "hit@5"], "progress": False}
+    with mlflow.start_run(run_name="bare-frame") as bare:
+        mlflow.models.evaluate(data=frame, model_type="rag", evaluators="rag", predictions="answer",
+                               evaluator_config={**config, "dataset_name": "kestrel-golden"})
+    with mlflow.start_run(run_name="named-frame") as named:
+        mlflow.models.evaluate(data=golden_dataset(frame, "kestrel-golden", predictions="answer"), model_type="rag",
+                               evaluators="rag", evaluator_config=config)
+    client = mlflow.MlflowClient()
+    digest = client.get_run(named.info.run_id).data.params["rag_eval.dataset_digest"]
+    for run, expected in ((bare, {("dataset", None), ("kestrel-golden", digest)}), (named, {("kestrel-golden", digest)})):
+        found = {(d.dataset.name, d.dataset.digest if d.dataset.name != "dataset" else None)
+                 for d in client.get_run(run.info.run_id).inputs.dataset_inputs}
+        assert found == expected, (run.info.run_name, found)
+    (tmp_path / "server").mkdir()
+    with mlflow_server(tmp_path / "server", backend_store_uri=tracking_uri) as (url, _):
+        page = _Page(chromium, f"{url}/#/experiments/{named.info.experiment_id}/evaluation-runs", tmp_path / "profile")
+        try:
+            page.wait('[...document.querySelectorAll("[role=row]")].some(r => r.innerText.includes("named-frame"))')
+            rows = json.loads(page.js('JSON.stringify([...document.querySelectorAll("[role=row]")].map(r => r.innerText))'))
+            (row,) = [r for r in rows if "named-frame" in r]
+            assert "kestrel-golden" in row, row
+            page.screenshot("evaluation_runs_dataframe_golden_set")
+        finally:
+            page.close()
