@@ -26,13 +26,14 @@ import argparse
 import math
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from production_traces import RssSampler  # noqa: E402  (this folder: the script's own)
 
 from mlflow_rag_eval.evaluation.budget import Budget  # noqa: E402
 from mlflow_rag_eval.evaluation.engine import evaluate_records  # noqa: E402
@@ -65,29 +66,6 @@ def rows(n: int) -> list[RagRecord]:
     return out
 
 
-class RssSampler:
-    """The process's resident set every second, and at which point of the run."""
-
-    def __init__(self):
-        self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        page = 4096
-        while not self._stop.wait(1.0):
-            with open("/proc/self/statm") as f:
-                self.samples.append((time.monotonic(), int(f.read().split()[1]) * page))
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def judge(server: FaultyServer, cache, concurrency: int) -> LLMJudge:
     return LLMJudge(OpenAICompatBackend("gpt-4o-mini", base_url=server.base_url), cache=cache,
                     concurrency=concurrency, timeout=3.0, deadline=60.0, backoff_base=0.2, backoff_max=5.0,
@@ -97,7 +75,7 @@ def judge(server: FaultyServer, cache, concurrency: int) -> LLMJudge:
 def run(name: str, records, server, cache, concurrency: int, max_cost: float | None):
     j = judge(server, cache, concurrency)
     started = time.monotonic()
-    with RssSampler() as rss:
+    with RssSampler(every=1.0) as rss:
         result = evaluate_records(records, METRICS, j, progress=False, budget=Budget(max_cost))
     wall = time.monotonic() - started
     usage = j.usage()
@@ -116,8 +94,8 @@ def run(name: str, records, server, cache, concurrency: int, max_cost: float | N
     print(f"  spend: ${spent if spent is not None else 0:.4f}" + (f" of a ${max_cost:g} cap" if max_cost else ""))
     if rss.samples:
         tenth = rss.samples[max(0, len(rss.samples) // 10 - 1)][1]
-        print(f"  RSS: {tenth / 2**20:.0f} MiB at a tenth of the run, {rss.samples[-1][1] / 2**20:.0f} MiB at the "
-              f"end, peak {max(r for _, r in rss.samples) / 2**20:.0f} MiB")
+        print(f"  RSS: {tenth:.0f} MiB at a tenth of the run, {rss.samples[-1][1]:.0f} MiB at the "
+              f"end, peak {max(r for _, r in rss.samples):.0f} MiB")
     return result, usage, wall
 
 
