@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -145,6 +147,7 @@ class _Runner:
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
         self._lock = threading.Lock()
+        self._changed = threading.Event()  # a batch in flight finished or reached its tail
         # A step is one row scored by one metric: the total is rows x metrics, said in the label.
         n_metrics = len(suite.metrics)
         self.bar = Progress(n_records * n_metrics, shown=progress, unit="score",
@@ -169,27 +172,34 @@ class _Runner:
         metrics = self.suite.metrics
         rows: dict[str, list[RowResult]] = {m.display_name: [] for m in metrics}
         # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
-        # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls.
-        # The local judge is CPU-bound: its metrics run one after another.
+        # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls,
+        # and the next batch starts once this one is down to its last calls (_Batch.tail): a
+        # batch's slowest call (a retry after a 429, a stalled socket) no longer idles the pool.
+        # The local judge is CPU-bound: its metrics and batches run one after another.
         parallel = bool(getattr(self.suite.judge, "parallel_metrics", False)) and len(metrics) > 1
+        window = BATCHES_IN_FLIGHT if getattr(self.suite.judge, "parallel_metrics", False) else 1
         done = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(done,), daemon=True, name="rag-eval-progress")
         if self.progress:
             watcher.start()
+        pending: deque[_Batch] = deque()
         try:
-            with ThreadPoolExecutor(max_workers=len(metrics) if parallel else 1) as pool:
+            workers = (len(metrics) if parallel else 1) * window
+            with ThreadPoolExecutor(max_workers=workers) as pool:
                 for start in range(0, len(records), self.batch_size):
                     batch = records[start : start + self.batch_size]
-                    if not self._allowed(start, len(batch), len(records)):
-                        for metric in metrics:
-                            rows[metric.display_name] += [RowResult.not_applicable(self.budget.reason())] * len(batch)
+                    self._make_room(pending, window, rows)
+                    if not self._allowed(start, len(batch), len(records), pending):
+                        skipped = [RowResult.not_applicable(self.budget.reason())] * len(batch)
+                        pending.append(_Batch.finished(start, {m.display_name: skipped for m in metrics}))
                         continue
+                    entry = _Batch(start, batch, metrics, self._changed)
                     with batch_memo():  # what the batch's metrics share, dropped with the batch
                         # Each task runs in a copy of this context, which holds the batch's memo.
-                        futures = [pool.submit(contextvars.copy_context().run, self.run, m, batch) for m in metrics]
-                        outs = [f.result() for f in futures]
-                    for metric, out in zip(metrics, outs):
-                        rows[metric.display_name].extend(out)
+                        entry.futures = [pool.submit(contextvars.copy_context().run, self.run, m, entry)
+                                         for m in metrics]
+                    pending.append(entry)
+                self._make_room(pending, 1, rows)
         finally:  # the bar is gone before any summary is printed
             done.set()
             if watcher.is_alive():
@@ -197,19 +207,34 @@ class _Runner:
             self.bar.close()
         return rows
 
-    def _allowed(self, start: int, size: int, total: int) -> bool:
+    def _make_room(self, pending: deque[_Batch], window: int, rows: dict[str, list[RowResult]]) -> None:
+        """Wait until another batch may start: fewer than ``window`` batches in flight and the
+        newest down to its tail. Finished batches are taken in order (a failure raises here)."""
+        while True:
+            self._changed.clear()
+            while pending and pending[0].finished_now():
+                for name, out in pending.popleft().results().items():
+                    rows[name].extend(out)
+            if not pending or (len(pending) < window and pending[-1].in_tail()):
+                return
+            self._changed.wait(0.5)
+
+    def _allowed(self, start: int, size: int, total: int, pending: Sequence[_Batch] = ()) -> bool:
         """Whether the batch at ``start`` may be scored within the budget (always without a
-        cap); a batch that may not is left unscored, a not-applicable row per record and metric."""
+        cap), beside what the batches in flight may still cost; a batch that may not is left
+        unscored, a not-applicable row per record and metric."""
         if self.budget is None or self.budget.max_cost is None:
             return True
         costs = self.budget.estimate.row_costs if self.budget.estimate is not None else []
-        allowed = self.budget.allows(sum(costs[start : start + size]), total - start)
+        owed = sum(b.left_share() * sum(costs[b.start : b.start + b.size]) for b in pending)
+        allowed = self.budget.allows(sum(costs[start : start + size]) + owed, total - start)
         if not allowed:
             self.bar.advance(size * len(self.suite.metrics))
         return allowed
 
-    def run(self, metric: Metric, batch: list[RagRecord]) -> list[RowResult]:
+    def run(self, metric: Metric, entry: _Batch) -> list[RowResult]:
         start = time.perf_counter()
+        batch = entry.records
         # The judge reports each row it answers (row_done): the bar moves with them, short of
         # the batch's last row, which it counts when the metric returns (a metric that asks
         # twice per row, e.g. questions then similarities, must not look done half-way).
@@ -218,15 +243,85 @@ class _Runner:
         def one_row() -> None:
             if shown[0] < len(batch) - 1:
                 shown[0] += 1
-                self.bar.advance(1)
+                entry.row_done(metric.display_name)
+                if self.progress:
+                    self.bar.advance(1)
 
-        with rows_reported_to(one_row if self.progress else None):
-            out = run_metric(metric, batch, self.suite.judge)
+        try:
+            with rows_reported_to(one_row):
+                out = run_metric(metric, batch, self.suite.judge)
+            with self._lock:
+                self.timings[metric.display_name] += time.perf_counter() - start
+                self.errors += sum(r.status == "error" for r in out)
+            self.bar.advance(len(batch) - shown[0], **self._activity())
+            return out
+        finally:
+            entry.metric_done(metric.display_name)
+
+
+#: batches an LLM judge's run holds in flight: the next starts while the last calls of this one
+#: finish. A fault mix with 4.6% of calls failing (a 3 s stall, backoff after a 429) cost each
+#: 1,024-row batch ~3 s of idle pool at its end, 1.6x the fault-free wall (bench/faults.py)
+BATCHES_IN_FLIGHT = 2
+
+
+class _Batch:
+    """One batch's rows and its metrics' tasks: how far each metric got (the rows its judge
+    reported), whether all are done, and their results in metric order."""
+
+    #: a batch is in its tail once every metric has this share of its rows or fewer to go
+    TAIL = 0.125
+
+    def __init__(self, start: int, records: list[RagRecord], metrics: Sequence[Metric], changed: threading.Event):
+        self.start, self.records, self.size = start, records, len(records)
+        self.names = [m.display_name for m in metrics]
+        self.futures: list = []
+        self._changed = changed
+        self._lock = threading.Lock()
+        self._reported = dict.fromkeys(self.names, 0)
+        self._finished: set[str] = set()
+        self._results: dict[str, list[RowResult]] | None = None
+
+    @classmethod
+    def finished(cls, start: int, results: dict[str, list[RowResult]]) -> _Batch:
+        entry = cls(start, [], [], threading.Event())
+        entry.size = len(next(iter(results.values()), []))
+        entry._results = results
+        return entry
+
+    def row_done(self, name: str) -> None:
         with self._lock:
-            self.timings[metric.display_name] += time.perf_counter() - start
-            self.errors += sum(r.status == "error" for r in out)
-        self.bar.advance(len(batch) - shown[0], **self._activity())
-        return out
+            self._reported[name] += 1
+            if self._reported[name] == math.ceil(self.size * (1 - self.TAIL)):
+                self._changed.set()
+
+    def metric_done(self, name: str) -> None:
+        with self._lock:
+            self._finished.add(name)
+        self._changed.set()
+
+    def finished_now(self) -> bool:
+        """Every metric's task returned or raised (its future is settled a moment later:
+        :meth:`results` waits for that)."""
+        with self._lock:
+            return self._results is not None or len(self._finished) == len(self.names)
+
+    def in_tail(self) -> bool:
+        with self._lock:
+            return all(n in self._finished or self._reported[n] >= self.size * (1 - self.TAIL) for n in self.names)
+
+    def left_share(self) -> float:
+        """The share of this batch's work not reported done yet (0 once finished)."""
+        if self._results is not None or not self.names:
+            return 0.0
+        with self._lock:
+            done = sum(self.size if n in self._finished else self._reported[n] for n in self.names)
+        return 1.0 - done / (self.size * len(self.names)) if self.size else 0.0
+
+    def results(self) -> dict[str, list[RowResult]]:
+        if self._results is None:
+            self._results = {name: f.result() for name, f in zip(self.names, self.futures)}
+        return self._results
 
 
 def _capped_batch_size(budget: Budget) -> int:

@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,13 +151,15 @@ class FaultyServer:
     """An HTTP server on 127.0.0.1 whose answer to each request is ``respond(request)``
     (an :class:`Answer`, :class:`Trickle`, :class:`Hang`, :class:`Reset` or :class:`ResetMidBody`).
 
-    ``requests`` lists what it received (thread-safe); ``base_url`` is the API root to give an
-    ``OpenAICompatBackend``.
+    ``requests`` holds what it received (thread-safe): all of it, or the last ``keep`` requests
+    (a bench of 100,000 rows would otherwise hold every prompt it sent); ``calls`` counts them
+    all. ``base_url`` is the API root to give an ``OpenAICompatBackend``.
     """
 
-    def __init__(self, respond: Respond):
+    def __init__(self, respond: Respond, *, keep: int | None = None):
         self.respond = respond
-        self.requests: list[Request] = []
+        self._requests: deque[Request] = deque(maxlen=keep)
+        self._calls = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._clients: list[socket.socket] = []
@@ -178,9 +180,15 @@ class FaultyServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     @property
+    def requests(self) -> list[Request]:
+        """The requests received (the last ``keep``), oldest first: a copy."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
     def calls(self) -> int:
         with self._lock:
-            return len(self.requests)
+            return self._calls
 
     def stop(self) -> None:
         """Stop accepting, wake every connection still held (hangs, trickles), join threads."""
@@ -207,7 +215,9 @@ class FaultyServer:
             except OSError:  # the listener was closed: stopping
                 return
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True, name="faulty-conn")
-            with self._lock:
+            with self._lock:  # connections closed since (resets, retries) are forgotten
+                self._clients = [c for c in self._clients if c.fileno() != -1]
+                self._threads = [t for t in self._threads if t.is_alive()]
                 self._clients.append(conn)
                 self._threads.append(thread)
             thread.start()
@@ -220,7 +230,8 @@ class FaultyServer:
                 if request is None:
                     return
                 with self._lock:
-                    self.requests.append(request)
+                    self._requests.append(request)
+                    self._calls += 1
                 action = self.respond(request)
                 if not action.perform(conn, self._stop):
                     return

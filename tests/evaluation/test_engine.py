@@ -150,3 +150,54 @@ def test_an_unreachable_judge_stops_the_engine_and_names_itself_on_every_route()
     feedback = _scorer_feedback("unreachable_for_tests")
     assert feedback.value is None and feedback.error.error_code == "JudgeUnreachable"
     assert "8 consecutive connection failures" in feedback.error.error_message
+
+
+def test_an_llm_judges_next_batch_starts_while_this_ones_slowest_call_is_out(monkeypatch):
+    """No batch barrier (issue 46): batch 2's calls go out while one call of batch 1 is held;
+    batch 3 waits for batch 1 to end (two batches in flight at most); rows and scores come back
+    in row order, equal to a run where no call was held."""
+    import re
+    import threading
+    import time
+
+    import pandas as pd
+
+    from mlflow_rag_eval.evaluation import engine
+    from mlflow_rag_eval.judges.llm.judge import LLMJudge
+    from mlflow_rag_eval.judges.providers.openai import OpenAICompatBackend
+    from mlflow_rag_eval.records import records_from_frame
+    from mlflow_rag_eval.testing.faults import FaultyServer, judge_answer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(engine, "BATCH_SIZE", 8)
+    frame = pd.DataFrame({"question": [f"Question {i}: what does a bike cost?" for i in range(24)],
+                          "answer": [f"Row {i}: bikes cost {i % 7} euros." for i in range(24)],
+                          "contexts": [[f"Passage {i}: bikes cost {i % 5} euros."] for i in range(24)]})
+    arrived: dict[int, float] = {}
+    held = {"row": None, "released": None}
+
+    def respond(request):
+        row = int(re.search(r"Row (\d+):", request.prompt).group(1))
+        arrived.setdefault(row, time.monotonic())
+        if row == held["row"] and "claims" in request.prompt.lower():
+            time.sleep(1.0)
+            held["released"] = time.monotonic()
+        return judge_answer(request)
+
+    def run():
+        with FaultyServer(respond) as server:
+            judge = LLMJudge(OpenAICompatBackend("faulty-judge", base_url=server.base_url), cache=False,
+                             concurrency=4)
+            return evaluate_records(records_from_frame(frame), ["faithfulness", "context_precision"], judge,
+                                    progress=False)
+
+    reference = run()
+    arrived.clear()
+    held["row"] = 0
+    result = run()
+    assert min(arrived[r] for r in range(8, 16)) < held["released"]  # batch 2 did not wait for row 0
+    assert min(arrived[r] for r in range(16, 24)) >= held["released"]  # batch 3 did
+    for got, want in zip(result.metrics, reference.metrics):
+        assert [(r.value, r.error, r.justification) for r in got.rows] == \
+            [(r.value, r.error, r.justification) for r in want.rows]
+    assert threading.active_count() < 50

@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from mlflow_rag_eval._util.progress import row_done
@@ -36,14 +36,26 @@ class RowPool:
         self._lock = threading.Lock()
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``fn`` over items on the pool, results in order, each row contained."""
+        """``fn`` over items on the pool, results in order, each row contained. Each row is
+        reported done (:func:`row_done`) as it ends, in whatever order: one slow row does not
+        hide the others from the evaluation's bar, nor from its batches (the next one starts
+        once this one is down to its tail)."""
         contained = functools.partial(self._contained, fn)
-        results = []
-        # In the caller's thread, so that the evaluation's bar (found in its context) moves per row.
-        for result in (map(contained, items) if len(items) <= 1 else self._executor().map(contained, items)):
-            results.append(result)
-            row_done()
-        return results
+        if len(items) <= 1:
+            results = [contained(item) for item in items]
+            for _ in results:
+                row_done()
+            return results
+        futures = [self._executor().submit(contained, item) for item in items]
+        try:
+            # In the caller's thread, so that the evaluation's bar (found in its context) moves per row.
+            for future in as_completed(futures):
+                future.result()  # JudgeUnreachable goes through; everything else is contained
+                row_done()
+        finally:
+            for future in futures:  # a no-op once they ran; after JudgeUnreachable, the rest never do
+                future.cancel()
+        return [f.result() for f in futures]
 
     def _contained(self, fn: Callable[[Any], Any], item: Any) -> Any:
         try:
