@@ -78,13 +78,15 @@ cross-encoder: install-dev training_data/rewrite_edit_validation.jsonl.gz
 		--validation training_data/rewrite_edit_validation.jsonl.gz --epochs 3 --frozen-layers 3 --seed 0 \
 		--work-dir .cross-encoder-work --out mlflow_rag_eval/judges/local_model/cross_encoder.safetensors
 
-# The local judge's shipped support model, rebuilt from what the repository holds
-# (tests/test_support_model.py retrains it the same way and compares).
+# The local judge's shipped support model, rebuilt from what the repository holds (~5 min), and
+# the feature rows it was fitted on (tests/judges/local_model/test_support_model.py retrains it
+# from them, computing the rows of one passage list in 16 again to check them, and compares).
 support-model: install
 	$(VENV)/bin/mlflow-rag-eval train-local-judge --corpus examples/rag_pipeline/data/corpus.jsonl \
 		--labels training_data/summedits_dev.jsonl.gz --labels training_data/wice_dev.jsonl.gz \
 		--labels training_data/begin_dev.jsonl.gz --labels training_data/northwind_pairs.jsonl \
-		--veto --seed 0 --out mlflow_rag_eval/judges/local_model/support_model.json
+		--veto --seed 0 --out mlflow_rag_eval/judges/local_model/support_model.json \
+		--features-out training_data/support_features.npz
 
 bench: install-dev
 	$(PY) bench/retrieval.py

@@ -37,8 +37,12 @@ from mlflow_rag_eval.cli._main import UNUSABLE, _one_line, main
                    "beside the shipped pairs (needs torch: the [train] extra); its cost is printed first. "
                    "Written beside --out as OUT.cross_encoder.safetensors.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the model JSON.")
+@click.option("--features-out", type=click.Path(dir_okay=False),
+              help="Also write every feature row computed (.npz, by a digest of each claim and its passages, with "
+                   "the encoder that computed them and the model's training record): a retraining that reads it "
+                   "checks a share of the rows and runs the encoder for nothing else.")
 def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answer_corruption_weight,
-                      use_cross_encoder, veto, adapt_cross_encoder, out) -> None:
+                      use_cross_encoder, veto, adapt_cross_encoder, out, features_out) -> None:
     """Train the local judge's support model and write it as JSON; use it as the judge local:OUT.
 
     With --cross-encoder the support model also reads the shipped cross-encoder's entailment;
@@ -47,7 +51,12 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
     Exit code 2: no corpus or labels, or no training example in them.
     """
     from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
-    from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
+    from mlflow_rag_eval.judges.local_model.training import (
+        FeatureTable,
+        load_corpus,
+        load_pairs,
+        train_support_model,
+    )
 
     if not corpora and not labels:
         click.echo("cannot train: give --corpus and/or --labels", err=True)
@@ -61,10 +70,11 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
         veto = veto and not (use_cross_encoder or adapt_cross_encoder)  # read as a feature instead
         if use_cross_encoder or adapt_cross_encoder or veto:
             cross_encoder = load_cross_encoder(cross_encoder_path)
+        table = FeatureTable() if features_out else None
         model = train_support_model(passages, pairs, seed=seed, per_passage=per_passage,
                                     synthetic_weight=synthetic_weight,
                                     answer_corruption_weight=answer_corruption_weight, cross_encoder=cross_encoder,
-                                    veto=veto)
+                                    veto=veto, feature_table=table)
     except (ValueError, UnicodeDecodeError, FileNotFoundError) as exc:
         click.echo(f"cannot train: {_one_line(exc)}", err=True)
         raise SystemExit(UNUSABLE) from None
@@ -72,6 +82,8 @@ def train_local_judge(corpora, labels, seed, per_passage, synthetic_weight, answ
         model = dataclasses.replace(model, training={**model.training,
                                                      "cross_encoder_file": Path(cross_encoder_path).name})
     Path(out).write_text(model.to_json())
+    if table is not None:
+        table.save(features_out, training=model.training)
     t = model.training
     click.echo(f"wrote {out}: {t['n_synthetic']} synthetic examples from {t['n_passages']} passages, "
                f"{t['n_pairs']} labelled pairs, {t['n_answer_corruptions']} corrupted answer sentences; "

@@ -57,7 +57,7 @@ from mlflow_rag_eval.judges.local_model.support_model import (
     support_features,
 )
 
-__all__ = ["Featurizer", "LabelledPair", "answer_claims", "load_corpus", "load_pairs", "source_of", "train_support_model"]
+__all__ = ["FeatureTable", "Featurizer", "LabelledPair", "answer_claims", "load_corpus", "load_pairs", "source_of", "train_support_model"]
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,92 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
                                                      str(row.get("source", ""))), "context, answer and a 0/1 label")
 
 
+class FeatureTable:
+    """Feature rows of (claim, passages) pairs by a digest of the pair, with what computed them:
+    the encoder's files, the cross-encoder's (when it gives a feature) and the feature names.
+
+    ``train-local-judge --features-out`` writes every row its training computed, beside the
+    model; a retraining that reads the table (the rebuild test) takes its rows instead of running
+    the encoder, except a fixed share (``recheck_every``: the rows of one passage list in
+    ``recheck_every``, by digest), which it computes again and compares: a row that differs (a
+    feature's code changed, another encoder) makes it refuse the table.
+    """
+
+    #: how far a recomputed feature may be from the table's: embeddings move in the 7th digit
+    #: across CPUs, and cosines with them
+    TOLERANCE = 1e-5
+
+    def __init__(self, identity: dict | None = None, rows: dict[str, np.ndarray] | None = None, *,
+                 recheck_every: int = 0):
+        self.identity = identity  # set by the first Featurizer that uses an empty table
+        self.rows: dict[str, np.ndarray] = dict(rows or {})
+        self.recheck_every = recheck_every
+        self.computed = 0  # rows the table lacked
+        self.rechecked = 0  # rows it had, computed again and found equal
+
+    @staticmethod
+    def identity_of(embedder: Embedder, cross_encoder=None) -> dict:
+        """What computes a row: the encoder (name, files), the cross-encoder and the features."""
+        return {"encoder": embedder.model_name, "encoder_sha256": embedder.files_sha256,
+                "cross_encoder_sha256": cross_encoder.sha256[:16] if cross_encoder is not None else None,
+                "features": list(FEATURES)}
+
+    @staticmethod
+    def key(claim: str, passages: Sequence[str]) -> str:
+        return hashlib.blake2b("\x01".join([claim, *passages]).encode(), digest_size=16).hexdigest()
+
+    def wants(self, key: str, passages: Sequence[str]) -> bool:
+        """Whether the row of ``key`` has to be computed: the table lacks it, or checks it. The
+        rows checked are those of one in ``recheck_every`` passage lists (by digest), all their
+        claims: embedding the passages is most of the work, and each is then done once."""
+        if key not in self.rows:
+            return True
+        if self.recheck_every <= 0:
+            return False
+        return int(hashlib.blake2b("\x01".join(passages).encode(), digest_size=4).hexdigest(), 16) \
+            % self.recheck_every == 0
+
+    def put(self, key: str, row: np.ndarray, pair: tuple[str, Sequence[str]]) -> None:
+        """Add a computed row, or compare it with the table's (ValueError when they differ)."""
+        known = self.rows.get(key)
+        if known is None:
+            self.rows[key] = row
+            self.computed += 1
+            return
+        off = np.abs(known - row)
+        if not np.all(off <= self.TOLERANCE):
+            worst = int(np.argmax(off))
+            raise ValueError(f"the feature table is stale: for the claim {pair[0][:60]!r}, {FEATURES[worst]} is "
+                             f"{row[worst]!r} now and {known[worst]!r} in the table; rebuild it (make support-model)")
+        self.rechecked += 1
+
+    def save(self, path: str | Path, **identity) -> None:
+        keys = sorted(self.rows)
+        np.savez_compressed(Path(path), keys=np.array(keys), X=np.stack([self.rows[k] for k in keys]),
+                            identity=np.array(json.dumps({**self.identity, **identity}, sort_keys=True)))
+
+    @classmethod
+    def load(cls, path: str | Path, *, recheck_every: int = 0) -> FeatureTable:
+        with np.load(Path(path), allow_pickle=False) as data:
+            return cls(json.loads(str(data["identity"])), dict(zip(map(str, data["keys"]), data["X"])),
+                       recheck_every=recheck_every)
+
+
 class Featurizer:
     """Features of (claim, passages) pairs, premises embedded once per distinct passage list;
-    the entailment features from ``cross_encoder`` (without one they are 0)."""
+    the entailment features from ``cross_encoder`` (without one they are 0). With a ``table``
+    (:class:`FeatureTable`), rows it holds are read from it and the rows computed are added."""
 
-    def __init__(self, embedder: Embedder, cross_encoder=None):
+    def __init__(self, embedder: Embedder, cross_encoder=None, table: FeatureTable | None = None):
         self.embedder = embedder
         self.cross_encoder = cross_encoder
+        self.table = table
+        if table is not None:
+            ours = FeatureTable.identity_of(embedder, cross_encoder)
+            if table.identity is None:
+                table.identity = ours
+            elif (theirs := {k: table.identity.get(k) for k in ours}) != ours:
+                raise ValueError(f"the feature table was computed by {theirs}, not by {ours}")
         self._premises: dict[tuple[str, ...], Premise] = {}
 
     def premise(self, passages: Sequence[str]) -> Premise:
@@ -168,6 +247,15 @@ class Featurizer:
         return np.array([np.nan if e is None else e[0] for e in entailment_of(triples, cross_encoder)])
 
     def __call__(self, pairs: Sequence[tuple[str, Sequence[str]]]) -> np.ndarray:
+        if self.table is None or not pairs:
+            return self._compute(pairs)
+        keys = [self.table.key(claim, passages) for claim, passages in pairs]
+        todo = [i for i, k in enumerate(keys) if self.table.wants(k, pairs[i][1])]
+        for i, row in zip(todo, self._compute([pairs[i] for i in todo])):
+            self.table.put(keys[i], row, pairs[i])
+        return np.stack([self.table.rows[k] for k in keys])
+
+    def _compute(self, pairs: Sequence[tuple[str, Sequence[str]]]) -> np.ndarray:
         if not pairs:
             return np.zeros((0, len(FEATURES)))
         vectors = self.embedder.encode([claim for claim, _ in pairs])
@@ -323,7 +411,7 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
                         per_passage: int = 4, synthetic_weight: float = 0.05, C: float = 1e-4,
                         answer_corruption_weight: float = 0.05, missing_number_factor: float = 0.25,
                         embedder: Embedder | None = None, cross_encoder=None, veto: bool = False,
-                        features: Sequence[str] = FEATURES) -> SupportModel:
+                        features: Sequence[str] = FEATURES, feature_table: FeatureTable | None = None) -> SupportModel:
     """Train a support model on human-labelled ``pairs`` from several sources (a pair's source:
     :func:`source_of`), synthetic examples from each source's passages and from ``corpus``,
     and corrupted sentences of each source's faithful answers; see the module's docstring.
@@ -333,14 +421,18 @@ def train_support_model(corpus: Sequence[str], pairs: Sequence[LabelledPair] = (
     the cut its validation on rewrite/edit twins recorded (``meta["validation"]["confident"]``:
     at most 0.5% of faithful rewrites below it) is unsupported whatever its support. The support
     threshold is chosen as without a veto. (Choosing both thresholds together on the labelled
-    sources put the veto at the balanced cut and cost 0.05 mean AUROC leave-one-source-out.)"""
+    sources put the veto at the balanced cut and cost 0.05 mean AUROC leave-one-source-out.)
+
+    ``feature_table`` (:class:`FeatureTable`): feature rows are read from it where it holds them
+    (but for the share it rechecks), and every row computed is added to it (to save beside the
+    model: ``train-local-judge --features-out``)."""
     if veto and cross_encoder is None:
         raise ValueError("the entailment veto needs a cross-encoder")
     if veto:
         features = [f for f in features if f not in ENTAILMENT_FEATURES]
     # under the veto the model reads no entailment: the cross-encoder runs only for the claims
     # whose support could pass (see _worst_source_threshold_and_veto)
-    featurize_ = Featurizer(embedder or Embedder(), None if veto else cross_encoder)
+    featurize_ = Featurizer(embedder or Embedder(), None if veto else cross_encoder, feature_table)
     by_source: dict[str, list[LabelledPair]] = {}
     for p in pairs:
         by_source.setdefault(source_of(p), []).append(p)

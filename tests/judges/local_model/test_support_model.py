@@ -13,29 +13,47 @@ from mlflow_rag_eval.cli import main
 from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.judges import get_judge
 from mlflow_rag_eval.judges.base import VerifyItem
+from mlflow_rag_eval.judges.local_model.embedding import Embedder
 from mlflow_rag_eval.judges.local_model.support_model import (
     FEATURES,
     SupportModel,
     default_model_path,
     load_support_model,
 )
-from mlflow_rag_eval.judges.local_model.training import load_corpus, load_pairs, train_support_model
+from mlflow_rag_eval.judges.local_model.training import (
+    FeatureTable,
+    Featurizer,
+    load_corpus,
+    load_pairs,
+    train_support_model,
+)
 from mlflow_rag_eval.records import Context, RagRecord
 
 CORPUS = ROOT / "examples" / "rag_pipeline" / "data" / "corpus.jsonl"
 PAIRS = [ROOT / "training_data" / f for f in
          ("summedits_dev.jsonl.gz", "wice_dev.jsonl.gz", "begin_dev.jsonl.gz", "northwind_pairs.jsonl")]
+FEATURE_TABLE = ROOT / "training_data" / "support_features.npz"
 PASSAGE = ("Northwind Rail was founded in 1994 as Northwind Regional Railways. The company adopted the name "
            "Northwind Rail in 2003. Its head office is in Hull.")
 
 
+#: the rebuild test computes again the feature rows of one passage list in 16 (~6% of the
+#: encoder's work); a feature whose code changed moves hundreds of rows: it cannot slip through
+RECHECK_EVERY = 16
+
+
 def test_the_shipped_model_is_what_make_support_model_rebuilds():
-    """Retrain from the repository's own data (the Makefile's command) and compare."""
+    """Retrain from the repository's own data (the Makefile's command) and compare: on the feature
+    rows `make support-model` wrote beside the model, one in RECHECK_EVERY computed again here
+    and found equal (all of them took ~5.5 min of the suite's 2 cores; the fit is the same)."""
     from mlflow_rag_eval.judges.local_model.cross_encoder import load_cross_encoder
 
     shipped = load_support_model()
+    table = FeatureTable.load(FEATURE_TABLE, recheck_every=RECHECK_EVERY)
+    assert table.identity["training"] == shipped.training  # written by the run that wrote the model
     retrained = train_support_model(load_corpus(CORPUS), [p for f in PAIRS for p in load_pairs(f)], seed=0,
-                                    cross_encoder=load_cross_encoder(), veto=True)
+                                    cross_encoder=load_cross_encoder(), veto=True, feature_table=table)
+    assert table.computed == 0 and table.rechecked > len(table.rows) // (2 * RECHECK_EVERY)
     assert retrained.training == shipped.training  # same inputs, digests and settings
     # embeddings may move in the 7th digit across CPUs; coefficients follow within far less than 1e-3
     np.testing.assert_allclose(retrained.coef, shipped.coef, atol=1e-3)
@@ -43,6 +61,27 @@ def test_the_shipped_model_is_what_make_support_model_rebuilds():
     assert retrained.intercept == pytest.approx(shipped.intercept, abs=1e-3)
     assert retrained.threshold == pytest.approx(shipped.threshold, abs=0.01)
     assert retrained.entailment_veto == shipped.entailment_veto  # the cross-encoder's confident cut
+
+
+def test_a_feature_table_is_refused_when_a_rechecked_row_differs_or_another_encoder_wrote_it(tmp_path):
+    """The table is a cache the rebuild test trusts: a row computed again must equal it, and a
+    table of another encoder or feature list is not read at all."""
+    pairs = [(f"Northwind Rail was founded in {1990 + i}.", [PASSAGE]) for i in range(8)]
+    table = FeatureTable()
+    fresh = Featurizer(Embedder(), table=table)(pairs)
+    assert table.computed == 8 and table.identity["features"] == list(FEATURES)
+    table.save(tmp_path / "t.npz", note="x")
+    again = FeatureTable.load(tmp_path / "t.npz", recheck_every=1)  # every row checked
+    np.testing.assert_array_equal(Featurizer(Embedder(), table=again)(pairs), fresh)
+    assert again.rechecked == 8 and again.computed == 0 and again.identity["note"] == "x"
+    key = FeatureTable.key(*pairs[3])
+    again.rows[key] = again.rows[key] + np.eye(len(FEATURES))[FEATURES.index("coverage")] * 0.01
+    with pytest.raises(ValueError, match=r"stale: for the claim 'Northwind Rail was founded in 1993\.', coverage"):
+        Featurizer(Embedder(), table=again)(pairs)
+    other = FeatureTable.load(tmp_path / "t.npz")
+    other.identity["encoder_sha256"] = "0" * 64
+    with pytest.raises(ValueError, match="the feature table was computed by"):
+        Featurizer(Embedder(), table=other)
 
 
 def test_model_json_round_trips_and_refuses_other_features(tmp_path):
