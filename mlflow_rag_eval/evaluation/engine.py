@@ -4,8 +4,9 @@ Order of work, so that bad input never costs a judge call:
 1. the suite (:mod:`mlflow_rag_eval.evaluation.suite`): named metrics checked, the default suite made of
    what the data can feed, the judge checked for every primitive;
 2. each metric validates the records (errors name row and column);
-3. score in batches; an exception inside a metric fails that batch's rows of that metric with a
-   named error and the run goes on, except :class:`JudgeUnreachable` (a judge never reached),
+3. score in batches (an LLM judge's next batch starts while the last calls of the one before are
+   out: two in flight at most, results in row order); an exception inside a metric fails that
+   batch's rows of that metric with a named error and the run goes on, except :class:`JudgeUnreachable` (a judge never reached),
    which stops it before anything is logged. A judge that answered and then stays away past
    its outage budget stops asking instead: the rows it had not judged fail as ``JudgeStopped``
    and the run ends with every verdict given (``EvaluationFigures.stopped``);

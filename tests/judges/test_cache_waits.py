@@ -117,6 +117,39 @@ def test_a_lock_wait_never_outlasts_the_cache_wait_asked(tmp_path):
     cache.close()
 
 
+def test_a_reply_waits_out_this_processs_own_writers_and_is_stored(tmp_path):
+    """Only another process's lock makes a bounded put give up: a queue of this run's own
+    threads moves, so a put told to wait 0.2 s behind a thread of ours holding the connection
+    for 0.6 s stores its reply (at 100,000 rows, 178 replies were dropped so and asked again by
+    the rerun); behind another process's lock it still gives up within its bound."""
+    import threading
+
+    path = tmp_path / "judge_cache.sqlite"
+    cache = JudgeCache(path)
+    cache.put("k", {"text": "a"})
+    held, release = threading.Event(), threading.Event()
+
+    def busy_thread_of_ours():
+        with cache._lock:  # what a thread writing for a long while holds
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=busy_thread_of_ours)
+    thread.start()
+    held.wait(5)
+    threading.Timer(0.6, release.set).start()
+    started = time.monotonic()
+    cache.put("k2", {"text": "b"}, wait=0.2)
+    assert 0.5 < time.monotonic() - started < 5.0 and cache.get("k2") == {"text": "b"}
+    thread.join()
+    with locked_by_another_process(path):
+        started = time.monotonic()
+        with pytest.raises(JudgeCacheLocked):
+            cache.put("k3", {"text": "c"}, wait=0.2)
+        assert time.monotonic() - started < 5.0
+    cache.close()
+
+
 @pytest.mark.parametrize("where", ["directory", "folder-under-a-file"])
 def test_a_path_that_cannot_be_a_cache_is_refused_before_any_call(tmp_path, monkeypatch, where):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
