@@ -97,8 +97,10 @@ def run(name: str, records, server, cache, concurrency: int, max_cost: float | N
     print(f"  spend: ${spent if spent is not None else 0:.4f}" + (f" of a ${max_cost:g} cap" if max_cost else ""))
     if rss.samples:
         tenth = rss.samples[max(0, len(rss.samples) // 10 - 1)][1]
+        per_row = (rss.samples[-1][1] - tenth) * 1024 / max(1, len(records) * 0.9)
         print(f"  RSS: {tenth:.0f} MiB at a tenth of the run, {rss.samples[-1][1]:.0f} MiB at the "
-              f"end, peak {max(r for _, r in rss.samples):.0f} MiB")
+              f"end, peak {max(r for _, r in rss.samples):.0f} MiB; {per_row:.1f} KiB per row after the first "
+              f"tenth")
     return result, usage, wall
 
 
