@@ -6,10 +6,11 @@ Order of work, so that bad input never costs a judge call:
 2. each metric validates the records (errors name row and column);
 3. score in batches (an LLM judge's next batch starts while the last calls of the one before are
    out: two in flight at most, results in row order); an exception inside a metric fails that
-   batch's rows of that metric with a named error and the run goes on, except :class:`JudgeUnreachable` (a judge never reached),
-   which stops it before anything is logged. A judge that answered and then stays away past
-   its outage budget stops asking instead: the rows it had not judged fail as ``JudgeStopped``
-   and the run ends with every verdict given (``EvaluationFigures.stopped``);
+   batch's rows of that metric with a named error and the run goes on, except
+   :class:`JudgeUnreachable` (a judge never reached), which stops it before anything is logged.
+   A judge that answered and then stays away past its outage budget stops asking instead: the
+   rows it had not judged fail as ``JudgeStopped`` and the run ends with every verdict given
+   (``EvaluationFigures.stopped``);
 4. :meth:`EvaluationResult.summary_text` says, per metric, what was scored, what failed and
    why, what did not apply: every route prints it.
 """
@@ -245,8 +246,7 @@ class _Runner:
             if shown[0] < len(batch) - 1:
                 shown[0] += 1
                 entry.row_done(metric.display_name)
-                if self.progress:
-                    self.bar.advance(1)
+                self.bar.advance(1)
 
         try:
             with rows_reported_to(one_row):

@@ -28,7 +28,9 @@ open, a process stopped mid-write) must not stall the caller: :meth:`JudgeCache.
 :meth:`JudgeCache.put` take a ``wait``, the most seconds to wait for the lock, and raise
 :class:`JudgeCacheLocked` past it. Once a bounded wait has run out, later bounded calls only try
 briefly (``LOCKED_PROBE_S``) until a write succeeds: the file is known locked, and waiting again
-on every row would add up to what the bound was meant to prevent.
+on every row would add up to what the bound was meant to prevent. The bound is for another
+process's lock: this process's own threads, queued for the one connection, are waited for up
+to the cache's timeout (a reply in hand is stored, not asked for again by the rerun).
 
 A path that can never hold a cache (a directory, a file whose folder cannot be created) is
 refused when the :class:`JudgeCache` is made, with :class:`UnusableCachePath`: before any

@@ -112,6 +112,15 @@ def rows_2000(tmp_path_factory):
     return read, path
 
 
+@pytest.fixture(scope="module")
+def rows_1200(tmp_path_factory):
+    """Fewer rows for the local judge (~20 rows/s a side): the single process's first batch of
+    1,024 rows still spans all three files, and Spark reads the largest first."""
+    frame = make_frame(1200)
+    path = write_parts(frame, tmp_path_factory.mktemp("data") / "rows", [200, 700, 300])
+    return pd.read_parquet(path), path
+
+
 def scored_rows(path: str) -> pd.DataFrame:
     out = pd.read_parquet(path).sort_values("row").reset_index(drop=True)
     assert out["row"].tolist() == list(range(len(out)))
@@ -199,10 +208,10 @@ def test_scripted_judge_rows_and_aggregates_equal_single_process(spark, rows_200
     assert done.figures.judge_usage["provider_calls"] + done.figures.judge_usage["cache_hits"] > 0
 
 
-def test_local_judge_default_suite_equal_single_process(spark, rows_2000, tracking_uri, tmp_path):
+def test_local_judge_default_suite_equal_single_process(spark, rows_1200, tracking_uri, tmp_path):
     from mlflow_rag_eval.spark import evaluate_spark
 
-    frame, path = rows_2000  # every row: the embedding batches of 1,024 rows span Spark's batches
+    frame, path = rows_1200  # every row: the embedding batches of 1,024 rows span Spark's batches
     single = evaluate_records(records_from_frame(frame), None, "local:minilm-l6", available_fields=FIELDS)
     with mlflow.start_run():
         done = evaluate_spark(path, None, judge="local:minilm-l6", output=str(tmp_path / "scored"),
