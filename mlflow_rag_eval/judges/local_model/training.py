@@ -173,8 +173,8 @@ class FeatureTable:
             self.rows[key] = row
             self.computed += 1
             return
-        off = np.abs(known - row)
-        if not np.all(off <= self.TOLERANCE):
+        if not np.allclose(known, row, rtol=0, atol=self.TOLERANCE, equal_nan=True):
+            off = np.where(np.isnan(known) != np.isnan(row), np.inf, np.nan_to_num(np.abs(known - row)))
             worst = int(np.argmax(off))
             raise ValueError(f"the feature table is stale: for the claim {pair[0][:60]!r}, {FEATURES[worst]} is "
                              f"{row[worst]!r} now and {known[worst]!r} in the table; rebuild it (make support-model)")
