@@ -178,8 +178,9 @@ class _Runner:
         # and the next batch starts once this one is down to its last calls (_Batch.tail): a
         # batch's slowest call (a retry after a 429, a stalled socket) no longer idles the pool.
         # The local judge is CPU-bound: its metrics and batches run one after another.
-        parallel = bool(getattr(self.suite.judge, "parallel_metrics", False)) and len(metrics) > 1
-        window = BATCHES_IN_FLIGHT if getattr(self.suite.judge, "parallel_metrics", False) else 1
+        waits_on_network = bool(getattr(self.suite.judge, "parallel_metrics", False))
+        parallel = waits_on_network and len(metrics) > 1
+        window = BATCHES_IN_FLIGHT if waits_on_network else 1
         done = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(done,), daemon=True, name="rag-eval-progress")
         if self.progress:

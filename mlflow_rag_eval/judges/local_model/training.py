@@ -153,7 +153,7 @@ class FeatureTable:
 
     @staticmethod
     def key(claim: str, passages: Sequence[str]) -> str:
-        return hashlib.blake2b("\x01".join([claim, *passages]).encode(), digest_size=16).hexdigest()
+        return _digest([claim, *passages])
 
     def wants(self, key: str, passages: Sequence[str]) -> bool:
         """Whether the row of ``key`` has to be computed: the table lacks it, or checks it. The
@@ -163,8 +163,7 @@ class FeatureTable:
             return True
         if self.recheck_every <= 0:
             return False
-        return int(hashlib.blake2b("\x01".join(passages).encode(), digest_size=4).hexdigest(), 16) \
-            % self.recheck_every == 0
+        return int(_digest(passages)[:8], 16) % self.recheck_every == 0
 
     def put(self, key: str, row: np.ndarray, pair: tuple[str, Sequence[str]]) -> None:
         """Add a computed row, or compare it with the table's (ValueError when they differ)."""
