@@ -251,11 +251,13 @@ class MetricFigures:
 
 @dataclass(frozen=True)
 class MetricResult:
-    """All rows of one metric, with the metric's saved spec."""
+    """All rows of one metric, with the metric's saved spec. ``rows`` is read like a tuple:
+    the engine's keeps the rows past the first few thousand in a temporary file
+    (:class:`~mlflow_rag_eval._util.spooled.SpooledSequence`)."""
 
     name: str
     spec: Mapping[str, Any]
-    rows: tuple[RowResult, ...]
+    rows: Sequence[RowResult]
     greater_is_better: bool = True
     #: computed with a judge (its rows are the judge's verdicts), not from ids alone
     judged: bool = False

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
 from mlflow_rag_eval._util.progress import Progress, progress_wanted, rows_reported_to
 from mlflow_rag_eval._util.redaction import redact
+from mlflow_rag_eval._util.spooled import SpooledSequence
 from mlflow_rag_eval.evaluation.budget import Budget, estimate_cost
 from mlflow_rag_eval.evaluation.result import EvaluationResult
 from mlflow_rag_eval.evaluation.suite import Suite, fields_present, prepare_suite
@@ -101,7 +102,7 @@ def evaluate_records(
     rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget)
     judge_obj = suite.judge
     results = [
-        MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
+        MetricResult(name=m.display_name, spec=m.spec(), rows=rows[m.display_name],
                      greater_is_better=m.greater_is_better, judged=bool(m.primitives), seed=seed)
         for m in suite.metrics
     ]
@@ -119,9 +120,11 @@ def evaluate_records(
 
 
 def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool = False,
-                  budget: Budget | None = None) -> tuple[dict[str, list[RowResult]], dict[str, float]]:
+                  budget: Budget | None = None) -> tuple[dict[str, Sequence[RowResult]], dict[str, float]]:
     """Score records already validated for ``suite``: per metric name, one row result per
-    record, and the seconds each metric took.
+    record, and the seconds each metric took. The rows past the first few thousand are kept in
+    a temporary file (:class:`~mlflow_rag_eval._util.spooled.SpooledSequence`), so a run's
+    memory does not grow with its rows.
 
     The engine's batches and failure handling without the checks and the summary around them:
     a runner that validates the data itself (Spark, per partition, before any of it is
@@ -170,9 +173,9 @@ class _Runner:
         while not done.wait(0.5):
             self.bar.note(**self._activity())
 
-    def score(self, records: list[RagRecord]) -> dict[str, list[RowResult]]:
+    def score(self, records: list[RagRecord]) -> dict[str, SpooledSequence[RowResult]]:
         metrics = self.suite.metrics
-        rows: dict[str, list[RowResult]] = {m.display_name: [] for m in metrics}
+        rows: dict[str, SpooledSequence[RowResult]] = {m.display_name: SpooledSequence() for m in metrics}
         # An LLM judge waits on the network: its metrics run side by side, sharing the judge's
         # bounded pool, so one metric's local work (e.g. embeddings) overlaps the others' calls,
         # and the next batch starts once this one is down to its last calls (_Batch.tail): a
@@ -210,7 +213,7 @@ class _Runner:
             self.bar.close()
         return rows
 
-    def _make_room(self, pending: deque[_Batch], window: int, rows: dict[str, list[RowResult]]) -> None:
+    def _make_room(self, pending: deque[_Batch], window: int, rows: dict[str, SpooledSequence[RowResult]]) -> None:
         """Wait until another batch may start: fewer than ``window`` batches in flight and the
         newest down to its tail. Finished batches are taken in order (a failure raises here)."""
         while True:

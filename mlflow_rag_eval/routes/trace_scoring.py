@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from mlflow_rag_eval._util.spooled import SpooledSequence
 from mlflow_rag_eval.evaluation.budget import Budget, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge, score_records
 from mlflow_rag_eval.evaluation.suite import Suite
@@ -42,7 +43,8 @@ class TraceScorer:
     def __init__(self, suite: Suite, budget: Budget, client, run_id: str, progress: bool, lease: ExperimentLease):
         self.suite, self.budget, self.client, self.run_id, self.progress = suite, budget, client, run_id, progress
         self.lease = lease
-        self.rows: dict[str, list[RowResult]] = {m.display_name: [] for m in suite.metrics}
+        #: per metric, the rows of the traces scored (past a few thousand, in a temporary file)
+        self.rows: dict[str, SpooledSequence[RowResult]] = {m.display_name: SpooledSequence() for m in suite.metrics}
         self.scored: list = []
         self.gone: list[str] = []
         self.failed: list[str] = []
@@ -109,7 +111,9 @@ class TraceScorer:
 
 
 def metric_result(metric: Metric, rows: Sequence[RowResult]) -> MetricResult:
-    return MetricResult(name=metric.display_name, spec=metric.spec(), rows=tuple(rows),
+    """``rows`` as the metric's result: a :class:`SpooledSequence` as it is, else as a tuple."""
+    rows = rows if isinstance(rows, SpooledSequence) else tuple(rows)
+    return MetricResult(name=metric.display_name, spec=metric.spec(), rows=rows,
                         greater_is_better=metric.greater_is_better, judged=bool(metric.primitives), seed=SEED)
 
 

@@ -201,3 +201,50 @@ def test_an_llm_judges_next_batch_starts_while_this_ones_slowest_call_is_out(mon
         assert [(r.value, r.error, r.justification) for r in got.rows] == \
             [(r.value, r.error, r.justification) for r in want.rows]
     assert threading.active_count() < 50
+
+
+def test_rows_spooled_to_the_temporary_file_read_back_as_scored(monkeypatch):
+    """An evaluation whose rows went mostly to the temporary file (issue 47: memory bounded in
+    the rows) gives the rows, summaries, failures and table of one that held them all."""
+    import re
+
+    import pandas as pd
+
+    from mlflow_rag_eval._util import spooled
+    from mlflow_rag_eval.evaluation import engine
+    from mlflow_rag_eval.judges.llm.judge import LLMJudge
+    from mlflow_rag_eval.judges.providers.openai import OpenAICompatBackend
+    from mlflow_rag_eval.records import records_from_frame
+    from mlflow_rag_eval.testing.faults import Answer, FaultyServer, completion, judge_answer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(engine, "BATCH_SIZE", 40)
+    n = 160
+    frame = pd.DataFrame({"question": [f"Question {i}: what does a bike cost?" for i in range(n)],
+                          "answer": [f"Row {i}: bikes cost {i % 7} euros. Dogs ride free." for i in range(n)],
+                          "contexts": [[f"Passage {i}: bikes cost {i % 5} euros.", "Dogs ride free."]
+                                       for i in range(n)],
+                          "context_ids": [[f"p{i}", "dogs"] for i in range(n)],
+                          "relevant_ids": [{f"p{i}": 1.0} for i in range(n)]})
+
+    def respond(request):
+        row = int(re.search(r"Row (\d+):", request.prompt).group(1)) if "Row " in request.prompt else 0
+        return Answer(body=completion("no json here")) if row % 11 == 3 else judge_answer(request)
+
+    def run():
+        with FaultyServer(respond) as server:
+            judge = LLMJudge(OpenAICompatBackend("faulty-judge", base_url=server.base_url), cache=False,
+                             concurrency=4)
+            return evaluate_records(records_from_frame(frame), ["faithfulness", "context_precision", "mrr"],
+                                    judge, progress=False)
+
+    reference = run()
+    monkeypatch.setattr(spooled, "IN_MEMORY", 24)
+    monkeypatch.setattr(spooled, "CHUNK", 16)
+    result = run()
+    assert any(m.failures() for m in reference.metrics)  # the failed rows are spooled too
+    for got, want in zip(result.metrics, reference.metrics):
+        assert got.rows.spilled == 128 and not want.rows.spilled
+        assert list(got.rows) == list(want.rows)
+        assert (got.summary, got.failures(), got.skip_reasons()) == (want.summary, want.failures(), want.skip_reasons())
+    pd.testing.assert_frame_equal(result.table(), reference.table())
