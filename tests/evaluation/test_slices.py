@@ -484,3 +484,28 @@ def test_genai_scorers_slice_by_the_rows_tags(store, monkeypatch):
     assert logged == pytest.approx(alone, rel=1e-12) and set(logged) == set(alone)
     with pytest.raises(ValueError, match="slice_by must be a list"):
         rag_scorers(METRICS, None, slice_by="difficulty")
+
+
+def test_a_spooled_result_is_sliced_in_one_walk_of_each_metrics_rows():
+    """Rows a long run keeps in its temporary file are read once per metric, not once per
+    slice value (a field can have hundreds), and give the same figures as rows in memory."""
+    import dataclasses
+
+    from mlflow_rag_eval._util.spooled import SpooledSequence
+
+    loads: list[int] = []
+
+    class CountingLoads(SpooledSequence):
+        def _load(self, number):
+            loads.append(number)
+            return super()._load(number)
+
+    result = _hand_result()
+    spooled = dataclasses.replace(result, metrics=[dataclasses.replace(m, rows=CountingLoads(m.rows, in_memory=4,
+                                                                                             chunk=4))
+                                                   for m in result.metrics])
+    assert all(m.rows.spilled == 36 for m in spooled.metrics)
+    table = compute_slices(spooled, ["difficulty", "tags", "bucket"])
+    assert table == compute_slices(result, ["difficulty", "tags", "bucket"])
+    assert sum(len(f.slices) for f in table.fields) == 9
+    assert sorted(loads) == sorted(list(range(9)) * 2)  # 9 chunks of 4 past the 4 in memory, per metric
