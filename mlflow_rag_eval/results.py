@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -26,8 +26,8 @@ from mlflow_rag_eval.keys import (  # metric_key re-exported: key naming lives i
 from mlflow_rag_eval.stats import SEED, mean_ci
 
 __all__ = [
-    "ERROR_KIND_PATTERN", "UNNAMED_ERROR_KIND", "ErrorRateExceeded", "MetricFigures", "MetricResult",
-    "MetricSummary", "RowResult", "error_kind", "metric_key", "summarize", "summarize_values",
+    "ERROR_KIND_PATTERN", "FAILED", "SCORED", "SKIPPED", "UNNAMED_ERROR_KIND", "ErrorRateExceeded", "MetricFigures", "MetricResult",
+    "MetricSummary", "RowResult", "error_kind", "metric_key", "status_columns", "summarize", "summarize_values",
     "worst_decile_mean",
 ]
 
@@ -141,15 +141,31 @@ def summarize(rows: Sequence[RowResult], *, greater_is_better: bool = True, seed
     """The summary of one metric's rows (:func:`summarize_values` of the scored values, in row
     order, with the failed and not-applicable rows counted); ``greater_is_better`` is the
     metric's direction, which decides which rows are its worst."""
-    scored, n_error, n_skipped = [], 0, 0
-    for r in rows:  # one pass: summaries of 10k-row metrics are on the logging path
+    values, status = status_columns(rows)
+    return summarize_values(values[status == SCORED], int((status == FAILED).sum()), int((status == SKIPPED).sum()),
+                            greater_is_better=greater_is_better, seed=seed)
+
+
+#: a row's codes in :func:`status_columns`
+SCORED, FAILED, SKIPPED = 0, 1, 2
+
+
+def status_columns(rows: Iterable[RowResult]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, in one pass, its value (NaN unless scored) and whether it was scored, failed or
+    not applicable (:data:`SCORED`, :data:`FAILED`, :data:`SKIPPED`): what a summary reads of
+    a row, as columns that a subset of the rows (a slice) is summarized from by index."""
+    values, status = [], []
+    for r in rows:  # one pass: the rows past the first thousands are read back from a file
         if r.error is not None:
-            n_error += 1
+            values.append(math.nan)
+            status.append(FAILED)
         elif r.value is None:
-            n_skipped += 1
+            values.append(math.nan)
+            status.append(SKIPPED)
         else:
-            scored.append(r.value)
-    return summarize_values(scored, n_error, n_skipped, greater_is_better=greater_is_better, seed=seed)
+            values.append(r.value)
+            status.append(SCORED)
+    return np.asarray(values, dtype=float), np.asarray(status, dtype=np.int8)
 
 
 def worst_decile_mean(values: np.ndarray, *, greater_is_better: bool) -> float:

@@ -42,7 +42,6 @@ maps each value to its key segment and is what compare and the gate read.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,7 +50,15 @@ import numpy as np
 
 from mlflow_rag_eval.keys import AGGREGATES, SLICE, slice_prefix, slice_segments
 from mlflow_rag_eval.records import RagRecord, RecordError, is_missing
-from mlflow_rag_eval.results import MetricResult, MetricSummary, RowResult, summarize_values
+from mlflow_rag_eval.results import (
+    FAILED,
+    SCORED,
+    SKIPPED,
+    MetricResult,
+    MetricSummary,
+    status_columns,
+    summarize_values,
+)
 
 __all__ = [
     "FieldSlices", "MAX_SLICES_PER_FIELD", "SLICES_FILE", "SLICE_BY_PARAM", "Slice", "SliceTable",
@@ -307,32 +314,18 @@ def compute_slices(result_or_records, slice_by: Sequence[str],
             raise ValueError(f"metric {m.name} has {len(m.rows)} rows for {len(records)} records")
     # One walk of each metric's rows, not one per slice: past the first few thousand they are
     # read back from a temporary file (SpooledSequence), and a field can have hundreds of values.
-    columns = {m.key: _status_columns(m.rows) for m in metrics}
+    columns = {m.key: status_columns(m.rows) for m in metrics}
     direction = {m.key: m.greater_is_better for m in metrics}
 
     def summarize_rows(key: str, rows: Sequence[int]) -> MetricSummary:
         values, status = columns[key]
         at = np.asarray(rows, dtype=np.intp)
         picked = status[at]
-        return summarize_values(values[at][picked == _SCORED], int((picked == _FAILED).sum()),
-                                int((picked == _SKIPPED).sum()), greater_is_better=direction[key])
+        return summarize_values(values[at][picked == SCORED], int((picked == FAILED).sum()),
+                                int((picked == SKIPPED).sum()), greater_is_better=direction[key])
 
     return slice_table(slice_by, slice_members(records, slice_by), len(records),
                        {m.key: (m.name, m.greater_is_better) for m in metrics}, summarize_rows)
-
-
-_SCORED, _FAILED, _SKIPPED = 0, 1, 2
-
-
-def _status_columns(rows: Iterable[RowResult]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, its value (NaN unless scored) and whether it was scored, failed or not
-    applicable: what :func:`~mlflow_rag_eval.results.summarize` reads of a row."""
-    values, status = [], []
-    for row in rows:
-        scored = row.error is None and row.value is not None
-        values.append(row.value if scored else math.nan)
-        status.append(_SCORED if scored else _FAILED if row.error is not None else _SKIPPED)
-    return np.asarray(values, dtype=float), np.asarray(status, dtype=np.int8)
 
 
 def slice_table(slice_by: Sequence[str], members: Mapping[str, tuple[Mapping[str, Sequence[int]], int]], n_rows: int,
