@@ -8,7 +8,8 @@ tokens truncated at ``max_seq_length``, the BERT encoder, pooling over the atten
 rows. Results agree with sentence-transformers to float32 noise (about 1e-7).
 
 Texts are grouped by token count, so a batch holds texts of one length (no padding), and every
-product runs per text: a text's vector is the same bits whatever its batch mates.
+text's rows get the bits of their own product (:func:`_per_input`): a text's vector is the same
+bits whatever its batch mates.
 numpy's BLAS runs with the threads it chose from the machine; nothing global is changed.
 
 :func:`numpy_problem` says, from the folder's small JSON files alone, whether a folder is one
@@ -143,8 +144,8 @@ def plan_steps(lengths: list[int], batch_size: int, tokens_per_step: int) -> lis
     """Indices of inputs grouped into forward steps, longest first: each step holds inputs of one
     length (no padding), at most ``batch_size`` of them and about ``tokens_per_step`` tokens.
 
-    With no padding and one BLAS product per input (:func:`_per_input`), an input's result is the
-    same bits alone and in any step: a row judged alone (the genai route) scores as in a batch."""
+    With no padding and each input's rows the bits of its own product (:func:`_per_input`), an
+    input's result is the same bits alone and in any step: a row judged alone (the genai route) scores as in a batch."""
     by_length: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         by_length.setdefault(lengths[i], []).append(i)
@@ -244,13 +245,38 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def _per_input(x: np.ndarray, w: np.ndarray, inputs: int) -> np.ndarray:
-    """``x @ w`` for the rows of ``inputs`` equal-length inputs, one BLAS product per input.
+    """``x @ w`` for the rows of ``inputs`` equal-length inputs, each input's rows the bits of
+    its own product: an input gets the same vector alone and in any batch (issue 38's batch
+    independence, exact).
 
-    One product over all rows would be faster for short inputs, but OpenBLAS sums a row's
-    products in an order that depends on the number of rows (up to 4e-5 apart here): an input's
-    result would depend on its batch mates. numpy's stacked matmul calls BLAS once per input, so
-    an input gets the same bits alone and in any batch (issue 38's batch independence, exact)."""
-    return np.matmul(x.reshape(inputs, -1, x.shape[1]), w).reshape(x.shape[0], w.shape[1])
+    A BLAS may sum a row's products in an order that depends on the number of rows (OpenBLAS
+    did, up to 4e-5 apart, on a machine CI ran on; on this one only a one-row product differs),
+    and numpy's stacked matmul calls BLAS once per input, which is exact everywhere but slow on
+    short inputs (a 22-row product ran at 46 GFLOP/s against 145 for 512 rows). So the first
+    product of each shape (the weight's, the rows, the inputs) is computed both ways and
+    compared bit for bit; where one product over all the rows gives every input's rows the same
+    bits, that shape takes one product from then on, else one per input (:data:`_ONE_PRODUCT`).
+    """
+    key = (w.shape[0], w.shape[1], x.shape[0], inputs)
+    exact = _ONE_PRODUCT.get(key) if inputs > 1 else False
+    if exact:
+        return _one_product(x, w)
+    each = np.matmul(x.reshape(inputs, -1, x.shape[1]), w).reshape(x.shape[0], w.shape[1])
+    if exact is None:
+        whole = _one_product(x, w)
+        _ONE_PRODUCT[key] = each.shape == whole.shape and bool(np.all(each.view(np.uint32) == whole.view(np.uint32)))
+    return each
+
+
+def _one_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w`` as one BLAS product over all of ``x``'s rows."""
+    return x @ w
+
+
+#: (inner size, outputs, rows, inputs) of a product -> whether one BLAS product over all the
+#: rows gives the bits of one product per input (found by :func:`_per_input` on first sight).
+#: Bounded: the rows are an input's tokens times the inputs of a step (:data:`TOKENS_PER_STEP`).
+_ONE_PRODUCT: dict[tuple[int, int, int, int], bool] = {}
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
