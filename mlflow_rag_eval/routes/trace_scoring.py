@@ -1,14 +1,17 @@
 """Scoring production traces in place (the writing half of
 :mod:`~mlflow_rag_eval.routes.production_traces`): candidates scored a share at a time, each by
 the metrics it lacks, every verdict a Feedback on its trace (a failed one overridden by the new
-one), the lease checked before each write, a trace deleted meanwhile skipped; under a cap with
+one), written on a writer thread while the next share is judged (one write in flight, in
+order), the lease checked before each write, a trace deleted meanwhile skipped; under a cap with
 a paid judge, the spend checked before each trace and before each judge call; and what the
 judge cache answers, found before the estimate."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mlflow_rag_eval._util.spooled import SpooledSequence
@@ -51,19 +54,26 @@ class TraceScorer:
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
 
     def score(self, candidates: Sequence, row_costs: Sequence[float], share: int) -> list:
-        """Score every share the budget allows; returns the candidates left unscored."""
+        """Score every share the budget allows; returns the candidates left unscored.
+
+        A share's Feedback is written on a writer thread while the next share is judged (the
+        store's writes were as long as the local judge's work: 2,000 traces, 14.4 s of 30.2).
+        One write is in flight at most, shares are written in order, and every write has ended,
+        or raised here, before this returns."""
         per_trace = self.budget.max_cost is not None and any(row_costs)
         step = 1 if per_trace else share
-        with self.budget.metering(self.suite.judge):
+        with self.budget.metering(self.suite.judge), _OneWriteInFlight() as writer:
             for start in range(0, len(candidates), step):
                 if not self.budget.allows(sum(row_costs[start : start + step]), len(candidates) - start):
                     return list(candidates[start:])
-                self._score_share(candidates[start : start + step])
+                judged = self._judge_share(candidates[start : start + step])
+                writer.submit(self._write_share, *judged)
                 if self.suite.judge is not None and self.suite.judge.stopped():  # the rest: next run
                     return list(candidates[start + step :])
         return []
 
-    def _score_share(self, chunk: Sequence) -> None:
+    def _judge_share(self, chunk: Sequence) -> tuple[Sequence, dict[str, MetricResult], dict[str, list], set[str]]:
+        """The share's rows per metric, each trace's Feedback and the traces with a failed verdict."""
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, c in enumerate(chunk):
             todo = tuple(m.display_name for m in self.suite.metrics if m.display_name not in c.done)
@@ -94,6 +104,11 @@ class TraceScorer:
                 if row.status == "error":
                     errored.add(c.trace_id)
                 by_trace[c.trace_id].append(made)
+        return chunk, results, by_trace, errored
+
+    def _write_share(self, chunk: Sequence, results: dict[str, MetricResult], by_trace: dict[str, list],
+                     errored: set[str]) -> None:
+        """Put the share's Feedback on its traces and count what was scored (on the writer thread)."""
         self.lease.check()  # before any write: a run that lost its lease writes nothing more
         gone = log_assessments_on_live_traces(self.client, by_trace)
         self.gone += sorted(gone)
@@ -108,6 +123,39 @@ class TraceScorer:
         set_retry_tags(self.client, [c.trace_id for c in chunk if c.trace_id in errored and not c.tagged_retry],
                        [c.trace_id for c in chunk if c.trace_id not in errored and c.tagged_retry
                         and c.trace_id not in gone])
+
+
+class _OneWriteInFlight:
+    """A writer thread that runs one write at a time, in the order given: :meth:`submit` waits
+    for the write before it (raising its error here), and leaving the block waits for the last
+    one (its error raised unless another is on its way out already)."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def __enter__(self) -> _OneWriteInFlight:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rag_eval_feedback")
+        return self
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        self._pending = self._pool.submit(contextvars.copy_context().run, fn, *args)
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            if kind is None:
+                self.wait()
+            elif self._pending is not None:  # the error on its way out is the one to report
+                with contextlib.suppress(Exception):
+                    self._pending.result()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def metric_result(metric: Metric, rows: Sequence[RowResult]) -> MetricResult:

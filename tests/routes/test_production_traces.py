@@ -5,6 +5,7 @@ for the next run, and the budget that refuses or stops a run (with the shipped f
 from __future__ import annotations
 
 import json
+import threading
 
 import mlflow
 import pandas as pd
@@ -21,8 +22,11 @@ from mlflow_rag_eval.evaluation.engine import evaluate_records
 from mlflow_rag_eval.evaluation.suite import prepare_suite
 from mlflow_rag_eval.judges import get_judge
 from mlflow_rag_eval.records import records_from_frame
+from mlflow_rag_eval.routes import trace_scoring
 from mlflow_rag_eval.routes.production_traces import (
     CHECKPOINT_TAG,
+    LEASE_TAG,
+    LeaseHeld,
     UnreadableTrace,
     evaluate_traces,
     record_from_trace,
@@ -659,3 +663,54 @@ def test_a_judge_that_stays_away_past_its_outage_budget_stops_the_run_and_the_ne
     assert out.checkpoint_ms == client.get_trace(ids[4]).info.request_time - 1
     assert sorted(second) == sorted(ids[2:]) and sorted(again.scored) == sorted(ids[2:])
     assert all(_our_feedback(client, t)["faithfulness"].error is None for t in ids)
+
+
+def test_a_shares_feedback_is_written_while_the_next_share_is_judged(app, local_judge, monkeypatch):
+    ids = app.serve(QUESTIONS[:6])
+    second_share_judged, overlapped = threading.Event(), []
+    real_score, real_write = trace_scoring.score_records, trace_scoring.log_assessments_on_live_traces
+    shares = []
+
+    def score(*args, **kwargs):
+        shares.append(len(args[1]))
+        if len(shares) == 2:
+            second_share_judged.set()
+        return real_score(*args, **kwargs)
+
+    def write(client, by_trace):
+        if not overlapped:  # the first write waits (a while at most) for the next share's judging
+            overlapped.append(second_share_judged.wait(20))
+        return real_write(client, by_trace)
+
+    monkeypatch.setattr(trace_scoring, "score_records", score)
+    monkeypatch.setattr(trace_scoring, "log_assessments_on_live_traces", write)
+    out = evaluate_traces("tests", metrics=METRICS, judge=local_judge, page_size=2, lag=0)
+    assert overlapped == [True] and shares == [2, 2, 2]
+    assert sorted(out.scored) == sorted(ids)
+    client = MlflowClient()
+    assert all(set(_our_feedback(client, t)) == set(METRICS) for t in ids)
+    assert figures_of(out.run_id)["faithfulness/n_scored"] == 6
+
+
+def test_a_run_that_loses_its_lease_writes_no_share_after_it(app, local_judge, monkeypatch):
+    ids = app.serve(QUESTIONS[:6])
+    client = MlflowClient()
+    real_write = trace_scoring.log_assessments_on_live_traces
+    writes = []
+
+    def write(store_client, by_trace):
+        gone = real_write(store_client, by_trace)
+        writes.append(sorted(by_trace))
+        if len(writes) == 1:  # another run takes the lease once the first share is written
+            experiment = client.get_experiment(_experiment_id())
+            (name,) = [k for k in experiment.tags if k.startswith(LEASE_TAG)]
+            client.set_experiment_tag(experiment.experiment_id, name,
+                                      json.dumps({"owner": "another-host:1:cafe", "expires_ms": 2**62}))
+        return gone
+
+    monkeypatch.setattr(trace_scoring, "log_assessments_on_live_traces", write)
+    with pytest.raises(LeaseHeld, match="lost its lease"):
+        evaluate_traces("tests", metrics=METRICS, judge=local_judge, page_size=2, lag=0)
+    assert len(writes) == 1  # the second share was judged meanwhile, and never written
+    with_feedback = [t for t in ids if _our_feedback(client, t)]
+    assert sorted(with_feedback) == writes[0]
