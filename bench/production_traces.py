@@ -110,6 +110,7 @@ def main(argv=None) -> None:
     parser.add_argument("--store", default=None, help="--cron: the folder of the sqlite store (kept; reused when it "
                                                       "holds the N traces or fewer, unscored)")
     parser.add_argument("--log-only", action="store_true", help="--cron: log the N traces into --store and stop")
+    parser.add_argument("--profile", default=None, help="write the scoring run's cProfile to this file")
     args = parser.parse_args(argv)
     if args.quick:
         args.n = 300
@@ -125,21 +126,35 @@ def main(argv=None) -> None:
 
     home = Path(tempfile.mkdtemp(prefix="rag_eval_traces_bench_"))
     os.chdir(home)
+    if args.store:  # a copy of a store of N unscored traces (``--cron --log-only``), its artifacts here
+        _copy_store(Path(args.store), home, args.n)
     mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow.db'}")
     mlflow.set_experiment("production")
     print(f"store {home / 'mlflow.db'}; RSS at start {rss_mib():.0f} MiB")
-    seconds = log_traces(args.n)
-    print(f"logged {args.n} traces in {seconds:.1f} s ({args.n / seconds:.0f} traces/s); RSS {rss_mib():.0f} MiB")
+    if args.store:
+        print(f"the {args.n} traces copied from {args.store}: logging skipped")
+    else:
+        seconds = log_traces(args.n)
+        print(f"logged {args.n} traces in {seconds:.1f} s ({args.n / seconds:.0f} traces/s); RSS {rss_mib():.0f} MiB")
 
     client = MlflowClient()
     judge = get_judge("local:minilm-l6")
     metrics = args.metrics.split(",")
     peaks = []
     start = time.perf_counter()
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     with RssSampler() as rss:
         out = route.evaluate_traces("production", metrics=metrics, judge=judge, page_size=args.page_size,
                                     progress=False, client=client)
     seconds = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile)
     print(f"RSS while scoring: {rss.summary()}")
     peaks.append(rss_mib())
     print(f"scored {len(out.scored)} traces in place ({len(metrics)} metrics, a Feedback each) in {seconds:.1f} s "
@@ -153,6 +168,23 @@ def main(argv=None) -> None:
     import resource
 
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+def _copy_store(source: Path, home: Path, n: int) -> None:
+    """Copy ``source``'s sqlite store of ``n`` unscored traces into ``home``, the experiment's
+    artifacts moved to ``home`` (the source stays as it was, for the next measurement)."""
+    import shutil
+    import sqlite3
+
+    shutil.copyfile(source / "mlflow.db", home / "mlflow.db")
+    with sqlite3.connect(home / "mlflow.db") as db:
+        traces = db.execute("SELECT COUNT(*) FROM trace_info").fetchone()[0]
+        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        if traces != n or runs:
+            raise SystemExit(f"{source} holds {traces} traces and {runs} runs: give a store of {n} unscored traces "
+                             f"(python bench/production_traces.py --cron --n {n} --store DIR --log-only)")
+        db.execute("UPDATE experiments SET artifact_location = ? || '/' || experiment_id",
+                   (str(home / "mlruns"),))
 
 
 LONG_REASON = "The passage states it in so many words, and nothing in the other passages contradicts it. " * 12
