@@ -9,12 +9,11 @@ judge cache answers, found before the estimate."""
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mlflow_rag_eval._util.spooled import SpooledSequence
+from mlflow_rag_eval._util.writer import OneWriteInFlight
 from mlflow_rag_eval.evaluation.budget import Budget, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge, score_records
 from mlflow_rag_eval.evaluation.suite import Suite
@@ -62,7 +61,7 @@ class TraceScorer:
         or raised here, before this returns."""
         per_trace = self.budget.max_cost is not None and any(row_costs)
         step = 1 if per_trace else share
-        with self.budget.metering(self.suite.judge), _OneWriteInFlight() as writer:
+        with self.budget.metering(self.suite.judge), OneWriteInFlight("rag_eval_feedback") as writer:
             for start in range(0, len(candidates), step):
                 if not self.budget.allows(sum(row_costs[start : start + step]), len(candidates) - start):
                     return list(candidates[start:])
@@ -123,39 +122,6 @@ class TraceScorer:
         set_retry_tags(self.client, [c.trace_id for c in chunk if c.trace_id in errored and not c.tagged_retry],
                        [c.trace_id for c in chunk if c.trace_id not in errored and c.tagged_retry
                         and c.trace_id not in gone])
-
-
-class _OneWriteInFlight:
-    """A writer thread that runs one write at a time, in the order given: :meth:`submit` waits
-    for the write before it (raising its error here), and leaving the block waits for the last
-    one (its error raised unless another is on its way out already)."""
-
-    def __init__(self):
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
-
-    def __enter__(self) -> _OneWriteInFlight:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rag_eval_feedback")
-        return self
-
-    def wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def submit(self, fn, *args) -> None:
-        self.wait()
-        self._pending = self._pool.submit(contextvars.copy_context().run, fn, *args)
-
-    def __exit__(self, kind, exc, tb) -> None:
-        try:
-            if kind is None:
-                self.wait()
-            elif self._pending is not None:  # the error on its way out is the one to report
-                with contextlib.suppress(Exception):
-                    self._pending.result()
-        finally:
-            self._pool.shutdown(wait=True)
 
 
 def metric_result(metric: Metric, rows: Sequence[RowResult]) -> MetricResult:

@@ -1,5 +1,6 @@
-"""The writer of production scoring's Feedback: one write in flight beside the next share's
-judging, writes in the order given, and every write's end (or error) seen before the run goes on."""
+"""One write in flight beside the work that makes the next (production scoring's Feedback beside
+the next share's judging): writes in the order given, and every write's end (or error) seen
+before the caller goes on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from mlflow_rag_eval.routes.trace_scoring import _OneWriteInFlight
+from mlflow_rag_eval._util.writer import OneWriteInFlight
 
 
 def test_writes_run_in_order_one_at_a_time_while_the_caller_goes_on():
@@ -22,7 +23,7 @@ def test_writes_run_in_order_one_at_a_time_while_the_caller_goes_on():
         log.append((k, threading.current_thread().name))
         running.remove(k)
 
-    with _OneWriteInFlight() as writer:
+    with OneWriteInFlight("rag_eval_feedback") as writer:
         writer.submit(write, 0)
         # submit returned with write 0 still held: the caller (the judge) goes on meanwhile
         assert log == []
@@ -43,7 +44,7 @@ def test_a_failed_write_is_raised_at_the_next_submit_and_nothing_after_it_is_wri
         written.append(k)
 
     with pytest.raises(RuntimeError, match="share 1"):
-        with _OneWriteInFlight() as writer:
+        with OneWriteInFlight("rag_eval_feedback") as writer:
             for k in range(4):
                 writer.submit(write, k)
     assert written == [0]
@@ -55,7 +56,7 @@ def test_the_last_writes_error_is_raised_when_the_block_ends():
         raise RuntimeError("the last share's write failed")
 
     with pytest.raises(RuntimeError, match="last share"):
-        with _OneWriteInFlight() as writer:
+        with OneWriteInFlight("rag_eval_feedback") as writer:
             writer.submit(write)
 
 
@@ -68,7 +69,7 @@ def test_an_error_while_judging_waits_for_the_write_in_flight_and_is_the_one_rai
         raise RuntimeError("the write's own error")
 
     with pytest.raises(ValueError, match="judging failed"):
-        with _OneWriteInFlight() as writer:
+        with OneWriteInFlight("rag_eval_feedback") as writer:
             writer.submit(write)
             raise ValueError("judging failed")
     assert done == ["written"]  # the write ended before the error left the block
