@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mlflow_rag_eval._util.callers_state import callers_logging_kept
@@ -42,11 +42,15 @@ from mlflow_rag_eval.records import ColumnMapping, RagRecord, dataset_digest
 from mlflow_rag_eval.results import MetricResult, RowResult
 from mlflow_rag_eval.stats import SEED
 
-__all__ = ["evaluate_records", "no_judge", "run_metric", "score_records"]
+__all__ = ["OnBatch", "evaluate_records", "no_judge", "run_metric", "score_records"]
 
 _logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 1024
+#: rows per batch of an LLM judge's evaluation whose finished batches are handed on while the
+#: next are judged (``on_batch``: the plugin route writes their traces meanwhile); the judge's
+#: pool stays as full (two batches in flight, the next started in this one's tail)
+STREAMED_BATCH_SIZE = 128
 #: rows per batch under a cost cap, at least: the budget is checked between batches
 BUDGET_BATCH_SIZE = 16
 #: under a cap, a batch holds at most this share of it (by the estimate), at least
@@ -68,6 +72,7 @@ def evaluate_records(
     suite: Suite | None = None,
     seed: int = SEED,
     budget: Budget | None = None,
+    on_batch: OnBatch | None = None,
 ) -> EvaluationResult:
     """Score ``records`` with a metric suite and a judge (default: the local MiniLM judge).
 
@@ -86,6 +91,9 @@ def evaluate_records(
             refused once that would pass the cap (``BudgetExhausted``: the row's error), and
             the batches after that are left unscored as not applicable, with the reason
             (``budget.stopped``).
+        on_batch: called with each batch's first row and its rows per metric as the batch
+            finishes, in row order, on this thread, while the next batches are judged (see
+            :func:`score_records`).
     """
     records = list(records)
     mapping = mapping or ColumnMapping()
@@ -99,7 +107,7 @@ def evaluate_records(
         budget.check(estimate_cost(suite.metrics, records, suite.judge), judge=suite.judge)
     if suite.judge is not None:  # a stop (an outage past its budget) holds for one evaluation
         suite.judge.restart()
-    rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget)
+    rows, timings = score_records(suite, records, progress=progress_wanted(progress), budget=budget, on_batch=on_batch)
     judge_obj = suite.judge
     results = [
         MetricResult(name=m.display_name, spec=m.spec(), rows=rows[m.display_name],
@@ -119,8 +127,13 @@ def evaluate_records(
     )
 
 
+#: what ``on_batch`` is called with: a finished batch's first row and its rows per metric
+OnBatch = Callable[[int, Mapping[str, Sequence[RowResult]]], None]
+
+
 def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool = False,
-                  budget: Budget | None = None) -> tuple[dict[str, Sequence[RowResult]], dict[str, float]]:
+                  budget: Budget | None = None,
+                  on_batch: OnBatch | None = None) -> tuple[dict[str, Sequence[RowResult]], dict[str, float]]:
     """Score records already validated for ``suite``: per metric name, one row result per
     record, and the seconds each metric took. The rows past the first few thousand are kept in
     a temporary file (:class:`~mlflow_rag_eval._util.spooled.SpooledSequence`), so a run's
@@ -134,8 +147,13 @@ def score_records(suite: Suite, records: Sequence[RagRecord], *, progress: bool 
     ``BudgetExhausted``, that row's error); with a cap, the batches are
     at most :data:`BUDGET_BATCH_SHARE` of the cap by the estimate (at least
     :data:`BUDGET_BATCH_SIZE` rows) and each starts only while the budget allows its estimate.
+
+    ``on_batch(start, rows)`` is called on this thread as each batch finishes, in row order,
+    while the batches after it are judged: what it does with them (a writer thread's traces)
+    overlaps the judge. An LLM judge's batches are then :data:`STREAMED_BATCH_SIZE` rows, so
+    the last one handed on is a small share of the run.
     """
-    runner = _Runner(suite, len(records), progress, budget)
+    runner = _Runner(suite, len(records), progress, budget, on_batch)
     with budget.metering(suite.judge) if budget is not None else contextlib.nullcontext():
         return runner.score(list(records)), runner.timings
 
@@ -145,10 +163,14 @@ class _Runner:
     raises fails that batch's rows with the exception's kind, message and traceback, and the
     run goes on — except :class:`JudgeUnreachable`, which stops it."""
 
-    def __init__(self, suite: Suite, n_records: int, progress: bool, budget: Budget | None = None):
+    def __init__(self, suite: Suite, n_records: int, progress: bool, budget: Budget | None = None,
+                 on_batch: OnBatch | None = None):
         self.suite, self.n_records, self.progress, self.budget = suite, n_records, progress, budget
+        self.on_batch = on_batch
         capped = budget is not None and budget.max_cost is not None
-        self.batch_size = _capped_batch_size(budget) if capped else BATCH_SIZE
+        self.waits_on_network = bool(getattr(suite.judge, "parallel_metrics", False))
+        streamed = on_batch is not None and self.waits_on_network
+        self.batch_size = _capped_batch_size(budget) if capped else STREAMED_BATCH_SIZE if streamed else BATCH_SIZE
         self.timings: dict[str, float] = {m.display_name: 0.0 for m in suite.metrics}
         self.errors = 0
         self._lock = threading.Lock()
@@ -181,7 +203,7 @@ class _Runner:
         # and the next batch starts once this one is down to its last calls (_Batch.tail): a
         # batch's slowest call (a retry after a 429, a stalled socket) no longer idles the pool.
         # The local judge is CPU-bound: its metrics and batches run one after another.
-        waits_on_network = bool(getattr(self.suite.judge, "parallel_metrics", False))
+        waits_on_network = self.waits_on_network
         parallel = waits_on_network and len(metrics) > 1
         window = BATCHES_IN_FLIGHT if waits_on_network else 1
         done = threading.Event()
@@ -219,8 +241,12 @@ class _Runner:
         while True:
             self._changed.clear()
             while pending and pending[0].finished_now():
-                for name, out in pending.popleft().results().items():
+                finished = pending.popleft()
+                results = finished.results()
+                for name, out in results.items():
                     rows[name].extend(out)
+                if self.on_batch is not None:
+                    self.on_batch(finished.start, results)
             if not pending or (len(pending) < window and pending[-1].in_tail()):
                 return
             self._changed.wait(0.5)

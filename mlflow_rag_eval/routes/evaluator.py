@@ -40,6 +40,7 @@ It only ever answers ``model_type="rag"``, so it never joins other evaluations.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ try:
     from mlflow_rag_eval.records import (
         ColumnMapping,
         RecordError,
+        dataset_digest,
         predictions_to_frame,
         records_from_frame,
         validate_inputs,
@@ -80,6 +82,7 @@ try:
         log_evaluation,
         log_golden_set_input,
     )
+    from mlflow_rag_eval.tracking.traces import RowTraceStream
 except ImportError as exc:
     _UNLOADABLE: ImportError | None = exc
 else:
@@ -179,12 +182,17 @@ class RagEvaluator(ModelEvaluator):
             records = attach_columns(records, frame, options.slice_by)
             slice_members(records, options.slice_by)  # a value that is no slice label costs no judge call
         budget = Budget(options.max_cost)  # refuses an estimate above max_cost before any judge call
-        result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
-                                  progress=options.progress, budget=budget)
+        model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
+        # The rows' traces are written batch by batch while the next batches are judged.
+        stream = RowTraceStream(records, suite, run_id, client, experiment_id=client.get_run(run_id).info.experiment_id,
+                                fields=available, dataset_digest=dataset_digest(records), model_id=model_id,
+                                existing=pipeline_traces) if options.log_traces else None
+        with stream or contextlib.nullcontext():
+            result = evaluate_records(records, available_fields=available, mapping=mapping, suite=suite,
+                                      progress=options.progress, budget=budget, on_batch=stream)
         # The golden set under its own name and digest, the same on every route (MLflow logged a
         # bare frame as "dataset" under a digest of its own before this evaluator ran).
         log_golden_set_input(client, run_id, result.dataset_digest, options.dataset_name)
-        model_id = kwargs.get("model_id") or getattr(model, "model_id", None)
         # mlflow.evaluate logs the metrics an evaluator returns to the run (and links them to the
         # logged model) when it evaluates one: logged here too, each would have two entries.
         logged_by_mlflow = frozenset(result.run_metrics(options.run_metrics)) if kwargs.get("model_id") else frozenset()
@@ -192,6 +200,7 @@ class RagEvaluator(ModelEvaluator):
             result, run_id, client, model_id=model_id, log_traces=options.log_traces, pipeline_traces=pipeline_traces,
             slice_by=options.slice_by, tags=budget.run_tags(), progress=options.progress,
             run_metrics=options.run_metrics, skip_metrics=logged_by_mlflow,
+            written_traces=stream.finish(result) if stream is not None else None,
         )
         # After logging: a failed evaluation keeps its evidence on the run.
         try:

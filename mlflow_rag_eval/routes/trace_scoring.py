@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlflow_rag_eval._util.spooled import SpooledSequence
-from mlflow_rag_eval._util.writer import OneWriteInFlight
+from mlflow_rag_eval._util.writer import InOrderWriter
 from mlflow_rag_eval.evaluation.budget import Budget, llm_judges
 from mlflow_rag_eval.evaluation.engine import no_judge, score_records
 from mlflow_rag_eval.evaluation.suite import Suite
@@ -61,7 +61,7 @@ class TraceScorer:
         or raised here, before this returns."""
         per_trace = self.budget.max_cost is not None and any(row_costs)
         step = 1 if per_trace else share
-        with self.budget.metering(self.suite.judge), OneWriteInFlight("rag_eval_feedback") as writer:
+        with self.budget.metering(self.suite.judge), InOrderWriter("rag_eval_feedback") as writer:
             for start in range(0, len(candidates), step):
                 if not self.budget.allows(sum(row_costs[start : start + step]), len(candidates) - start):
                     return list(candidates[start:])

@@ -58,7 +58,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -304,6 +304,7 @@ def log_evaluation(
     progress: bool | None = None,
     run_metrics: str = "means",
     skip_metrics: frozenset[str] = frozenset(),
+    written_traces: Mapping[int, str] | None = None,
 ) -> dict[str, float]:
     """Log the rows as traces with assessments, then the run's contents; return the metrics.
 
@@ -323,6 +324,8 @@ def log_evaluation(
             whether stderr is a terminal; :mod:`mlflow_rag_eval._util.progress`).
         run_metrics: which statistics are MLflow metrics (see :func:`log_run_level`).
         skip_metrics: keys another writer logs (see :func:`log_run_contents`).
+        written_traces: the rows whose traces were written while the run was scored
+            (:class:`~mlflow_rag_eval.tracking.traces.RowTraceStream`), by row.
     """
     client = client or MlflowClient()
     check_run_metrics(run_metrics)
@@ -338,7 +341,8 @@ def log_evaluation(
     trace_ids = None
     if log_traces:
         trace_ids = log_row_traces(result, run_id, client, experiment_id=run.info.experiment_id,
-                                   model_id=model_id, existing=pipeline_traces, progress=progress_wanted(progress))
+                                   model_id=model_id, existing=pipeline_traces, progress=progress_wanted(progress),
+                                   written=written_traces)
     if model_id:
         # The evaluation run names the model it evaluated as its input, as mlflow.genai.evaluate
         # does: the Evaluation runs page shows it, and the model's page lists the run. Once:

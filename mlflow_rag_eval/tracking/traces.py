@@ -37,6 +37,7 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from mlflow.entities import (
@@ -69,15 +70,19 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from mlflow_rag_eval._util.mlflow_compat import batch_get_traces, log_spans
 from mlflow_rag_eval._util.progress import Progress
 from mlflow_rag_eval._util.redaction import redact, redact_json_text, redact_strings
+from mlflow_rag_eval._util.writer import InOrderWriter
+from mlflow_rag_eval.evaluation.engine import no_judge
 from mlflow_rag_eval.judges import JudgeInfo
 from mlflow_rag_eval.records import RagRecord
 from mlflow_rag_eval.results import MetricResult, RowResult, error_kind
+from mlflow_rag_eval.stats import SEED
 
 __all__ = [
     "EXPECTATION_FIELDS",
     "ROOT_SPAN",
     "RETRIEVER_SPAN",
     "ROW_METADATA",
+    "RowTraceStream",
     "assessment_source",
     "compact_evidence",
     "feedback_name",
@@ -100,6 +105,9 @@ LINKS_PER_CALL = 100
 #: rows whose traces are built and written together (one log_spans call: two spans a row)
 ROWS_PER_CHUNK = 1000
 SPANS_PER_CALL = 2 * ROWS_PER_CHUNK
+#: finished batches a RowTraceStream holds for its writer before the engine waits for it: room
+#: for the writer to lag a little behind the judge, never the whole run in memory
+BATCHES_QUEUED = 4
 #: evidence kept in a Feedback's metadata (the full evidence is in the table artifact)
 EVIDENCE_CHARS = 4000
 _TEXT_CHARS = 300
@@ -366,6 +374,7 @@ def log_row_traces(
     model_id: str | None = None,
     existing: Sequence[str | None] | None = None,
     progress: bool = False,
+    written: Mapping[int, str] | None = None,
 ) -> list[str]:
     """Log one trace per row of ``result`` (an engine EvaluationResult) with its assessments.
 
@@ -373,6 +382,8 @@ def log_row_traces(
         existing: per row, the id of a trace the pipeline already produced for it (its
             assessments are added to that trace), or None for a trace written here.
         progress: a bar on stderr, a step per trace written (cleared when done).
+        written: the rows whose traces a :class:`RowTraceStream` wrote during the scoring,
+            by row: their trace ids are taken as they are (and linked to the run here).
 
     Returns:
         The trace id of every row, in row order.
@@ -380,9 +391,10 @@ def log_row_traces(
     tracing = client._tracing_client  # MlflowClient's own tracing client: same store, same URI
     n = len(result.records)
     existing = list(existing) if existing is not None else [None] * n
+    written = written or {}
     now_ns = time.time_ns()
-    trace_ids: list[str] = [""] * n
-    new_rows = [i for i in range(n) if not existing[i]]
+    trace_ids: list[str] = [written.get(i, "") for i in range(n)]
+    new_rows = [i for i in range(n) if not existing[i] and i not in written]
     bar = Progress(len(new_rows), shown=progress, description="rag eval traces", unit="trace")
     try:
         _write_row_traces(result, new_rows, trace_ids, tracing, bar, experiment_id=experiment_id, run_id=run_id,
@@ -399,17 +411,18 @@ def log_row_traces(
 
 
 def _write_row_traces(result, new_rows: list[int], trace_ids: list[str], tracing, bar: Progress, *,
-                      experiment_id: str, run_id: str, model_id: str | None, now_ns: int) -> None:
+                      experiment_id: str, run_id: str, model_id: str | None, now_ns: int, first: int = 0) -> None:
     # In chunks of rows, so memory stays bounded whatever the row count: build the chunk's
     # traces, write their infos (one call each, carrying the assessments), then their spans.
+    # ``first``: the row of the data that is ``result``'s row 0 (a batch of a streamed run).
     for start in range(0, len(new_rows), ROWS_PER_CHUNK):
         infos: list[TraceInfo] = []
         spans: list[Span] = []
         for i in new_rows[start : start + ROWS_PER_CHUNK]:
-            info, row_spans = _row_trace(result.records[i], i, experiment_id=experiment_id, run_id=run_id,
+            info, row_spans = _row_trace(result.records[i - first], i, experiment_id=experiment_id, run_id=run_id,
                                          model_id=model_id, now_ns=now_ns)
-            info.assessments = _row_assessments(result, i, trace_id=info.trace_id, span_id=row_spans[0].span_id,
-                                                run_id=run_id)
+            info.assessments = _row_assessments(result, i - first, trace_id=info.trace_id,
+                                                span_id=row_spans[0].span_id, run_id=run_id)
             trace_ids[i] = info.trace_id
             infos.append(info)
             spans += row_spans
@@ -424,6 +437,88 @@ def _write_row_traces(result, new_rows: list[int], trace_ids: list[str], tracing
                 tracing.start_trace(info)
                 bar.advance(1)
         _log_spans(tracing, experiment_id, spans, infos)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A finished batch of a run still being scored, read as :func:`_row_assessments` reads a result."""
+
+    records: Sequence[RagRecord]
+    metrics: list[MetricResult]
+    judge: JudgeInfo
+    fields: frozenset[str]
+    dataset_digest: str
+
+
+def _feedback_judge(judge: JudgeInfo | None) -> tuple | None:
+    """What of the judge a Feedback carries (:func:`row_feedback`, :func:`assessment_source`)."""
+    return None if judge is None else (judge.kind, judge.name, judge.fingerprint, judge.prompts_version)
+
+
+class RowTraceStream:
+    """The rows' traces written batch by batch while the engine judges the next batches (the
+    engine's ``on_batch``): with an LLM judge, writing a row's trace (one ``start_trace`` a
+    row, about 10 ms on sqlite; 10 s of a 1,000-row evaluation's 31 s) overlaps the judge's
+    calls instead of following them. The batches queue for one writer thread, in row order
+    (:class:`~mlflow_rag_eval._util.writer.InOrderWriter`); the engine waits only while
+    :data:`BATCHES_QUEUED` batches are (the writer then sets the pace, and what waits in memory
+    stays bounded: a cached rerun judges faster than sqlite writes). What is written is what
+    :func:`log_row_traces` would write for those rows after the run.
+
+    A Feedback carries the judge's fingerprint, which an LLM judge settles only with its last
+    reply (a server answering as another model, a fallback to prompt-and-parse). So
+    :meth:`finish` compares each batch's judge with the run's: if one differs, the streamed
+    traces are deleted and every row is written after the run, as without a stream. Rows whose
+    pipeline traced them (``existing``) get their assessments after the run, as before.
+
+    Use as a context manager around the scoring (leaving it waits for the write in flight),
+    then :meth:`finish` with the result: the rows written, by row, for ``log_row_traces``.
+    """
+
+    def __init__(self, records: Sequence[RagRecord], suite, run_id: str, client, *, experiment_id: str,
+                 fields: Iterable[str], dataset_digest: str, model_id: str | None = None,
+                 existing: Sequence[str | None] | None = None):
+        self.records, self.suite, self.run_id, self.client = records, suite, run_id, client
+        self.experiment_id, self.model_id = experiment_id, model_id
+        self.fields, self.dataset_digest = frozenset(fields), dataset_digest
+        self.existing = list(existing) if existing is not None else [None] * len(records)
+        self.trace_ids: list[str] = [""] * len(records)
+        self._now_ns = time.time_ns()
+        self._judges: list[tuple | None] = []
+        self._writer = InOrderWriter("rag_eval_traces", in_flight=BATCHES_QUEUED)
+
+    def __enter__(self) -> RowTraceStream:
+        self._writer.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._writer.__exit__(*exc)
+
+    def __call__(self, start: int, rows: Mapping[str, Sequence[RowResult]]) -> None:
+        """The engine's ``on_batch``: hand the batch's traces to the writer thread."""
+        judge = self.suite.judge.info() if self.suite.judge is not None else no_judge()
+        metrics = [MetricResult(name=m.display_name, spec=m.spec(), rows=tuple(rows[m.display_name]),
+                                greater_is_better=m.greater_is_better, judged=bool(m.primitives), seed=SEED)
+                   for m in self.suite.metrics]
+        size = len(metrics[0].rows) if metrics else 0
+        batch = _Batch(self.records[start : start + size], metrics, judge, self.fields, self.dataset_digest)
+        self._judges.append(_feedback_judge(judge))
+        new_rows = [i for i in range(start, start + size) if not self.existing[i]]
+        self._writer.submit(_write_row_traces, batch, new_rows, self.trace_ids, self.client._tracing_client,
+                            Progress(0, shown=False), experiment_id=self.experiment_id, run_id=self.run_id,
+                            model_id=self.model_id, now_ns=self._now_ns, first=start)
+
+    def finish(self, result) -> dict[int, str]:
+        """The rows written, by row (call after leaving the block); none when a batch's judge
+        is not the run's (those traces deleted: the run writes them all)."""
+        written = {i: t for i, t in enumerate(self.trace_ids) if t}
+        final = _feedback_judge(result.judge)
+        if all(j == final for j in self._judges):
+            return written
+        ids = list(written.values())
+        for start in range(0, len(ids), LINKS_PER_CALL):
+            self.client.delete_traces(self.experiment_id, trace_ids=ids[start : start + LINKS_PER_CALL])
+        return {}
 
 
 def _log_spans(tracing, experiment_id: str, spans: list[Span], infos: list[TraceInfo]) -> None:

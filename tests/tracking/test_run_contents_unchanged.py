@@ -17,6 +17,8 @@ import pandas as pd
 import pytest
 from run_contents import differences, run_contents
 
+from mlflow_rag_eval.evaluation import engine
+
 EXPECTED = Path(__file__).parent / "run_contents"
 
 
@@ -51,11 +53,14 @@ def _compare(name: str, contents: dict) -> None:
     assert not found, f"the run's contents moved in {len(found)} places:\n" + "\n".join(found[:40])
 
 
-def test_a_run_judged_by_an_llm_holds_what_it_held_before(tracking_uri, rows, monkeypatch, tmp_path):
+@pytest.mark.parametrize("batch", [engine.STREAMED_BATCH_SIZE, 3], ids=["one batch", "batches of 3"])
+def test_a_run_judged_by_an_llm_holds_what_it_held_before(tracking_uri, rows, monkeypatch, tmp_path, batch):
     # The scripted LLM judge: the LLM judge's whole path (prompts, schema, cache, parsing, the
     # embeddings of answer relevancy) with replies that depend only on the request; a loopback
     # server's port would be in the judge's base_url, hence in its fingerprint.
     monkeypatch.setenv("MLFLOW_RAG_EVAL_CACHE_DIR", str(tmp_path))  # every reply asked for, none replayed
+    # In batches of 3, the rows' traces are written by the stream while later batches are judged.
+    monkeypatch.setattr(engine, "STREAMED_BATCH_SIZE", batch)
     contents = _evaluate(rows, "scripted")
     assert len(contents["traces"]) == len(rows) and contents["traces"][0]["assessments"]
     _compare("llm_judge", contents)
