@@ -27,7 +27,8 @@ call that carries all of its assessments (not one call per assessment, as
 ``mlflow.log_feedback`` would need); spans go through ``log_spans`` a thousand rows at a time,
 and run links in batches of 100 (MLflow's limit). Traces the pipeline itself produced (``@mlflow.trace``,
 autologging) are the rows' traces instead of synthetic ones: their assessments are added with
-``create_assessment`` (no batch call exists for an existing trace).
+``create_assessment`` (no batch call exists for an existing trace). The plugin route writes a
+batch's new traces while the engine judges the next batches (:class:`RowTraceStream`).
 """
 
 from __future__ import annotations
