@@ -6,6 +6,7 @@ the run holds what it held when the traces were written after the scoring
 from __future__ import annotations
 
 import threading
+import time
 
 import mlflow
 import pandas as pd
@@ -31,13 +32,13 @@ def rows() -> pd.DataFrame:
 
 @pytest.fixture
 def streamed_writes(monkeypatch):
-    """Each write of row traces with rows in it: (its rows, its thread, the judge calls made by then)."""
+    """Each write of row traces with rows in it: (its rows, its thread); ``server["it"]``: the judge."""
     writes, server = [], {}
     real = traces._write_row_traces
 
     def write(result, new_rows, *args, **kwargs):
         if new_rows:
-            writes.append((list(new_rows), threading.current_thread().name, server["it"].calls))
+            writes.append((list(new_rows), threading.current_thread().name))
         return real(result, new_rows, *args, **kwargs)
 
     monkeypatch.setattr(traces, "_write_row_traces", write)
@@ -63,13 +64,23 @@ def test_a_batchs_traces_are_written_while_the_next_batches_are_judged(tracking_
     monkeypatch.setenv("MLFLOW_RAG_EVAL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     writes, server = streamed_writes
+    real, judged_meanwhile = traces._write_row_traces, []
+
+    def write(result, new_rows, *args, **kwargs):
+        if new_rows and not judged_meanwhile:  # the first batch's write waits (a while at most) for another call
+            asked, deadline = server["it"].calls, time.monotonic() + 20
+            while server["it"].calls == asked and time.monotonic() < deadline:
+                time.sleep(0.01)
+            judged_meanwhile.append(server["it"].calls > asked)
+        return real(result, new_rows, *args, **kwargs)
+
+    monkeypatch.setattr(traces, "_write_row_traces", write)
     with FakeJudgeServer(latency=0.05, model="fake-judge") as judge:
         server["it"] = judge
         run_id = _evaluate(rows, judge)
-        calls = judge.calls
+    assert judged_meanwhile == [True]  # the judge was asked more while the first batch was being written
     assert [w[0] for w in writes] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # each batch once, in order
-    assert all(name.startswith("rag_eval_traces") for _, name, _ in writes)
-    assert writes[0][2] < calls  # the first batch was written before the judge had been asked everything
+    assert all(name.startswith("rag_eval_traces") for _, name in writes)
     written = _row_traces(run_id)
     assert sorted(written) == list(range(N_ROWS))
     fingerprint = MlflowClient().get_run(run_id).data.params["rag_eval.judge_fingerprint"]
