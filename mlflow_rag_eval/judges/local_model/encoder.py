@@ -145,7 +145,8 @@ def plan_steps(lengths: list[int], batch_size: int, tokens_per_step: int) -> lis
     length (no padding), at most ``batch_size`` of them and about ``tokens_per_step`` tokens.
 
     With no padding and each input's rows the bits of its own product (:func:`_per_input`), an
-    input's result is the same bits alone and in any step: a row judged alone (the genai route) scores as in a batch."""
+    input's result is the same bits alone and in any step: a row judged alone (the genai route)
+    scores as in a batch."""
     by_length: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         by_length.setdefault(lengths[i], []).append(i)
@@ -264,7 +265,7 @@ def _per_input(x: np.ndarray, w: np.ndarray, inputs: int) -> np.ndarray:
     each = np.matmul(x.reshape(inputs, -1, x.shape[1]), w).reshape(x.shape[0], w.shape[1])
     if exact is None:
         whole = _one_product(x, w)
-        _ONE_PRODUCT[key] = each.shape == whole.shape and bool(np.all(each.view(np.uint32) == whole.view(np.uint32)))
+        _ONE_PRODUCT[key] = np.array_equal(each.view(np.uint32), whole.view(np.uint32))
     return each
 
 
